@@ -1,0 +1,193 @@
+"""The iptables dataplane: upstream kube-proxy's iptables mode, rule for rule."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import shutil
+
+from kubeplex.backends.iptables import names
+from kubeplex.backends.iptables.kernel import IptablesKernel, prelude
+from kubeplex.backends.iptables.render import FamilyRenderer, IptablesRendered
+from kubeplex.backends.iptables.rules import (
+    NFACCT_INVALID_DROPPED,
+    NFACCT_LOCALHOST_NODEPORTS,
+    FamilySettings,
+)
+from kubeplex.core.backend import Backend, BackendContext, Rendered, SyncResult
+from kubeplex.core.errors import BackendError
+from kubeplex.core.graph import ProxyState
+from kubeplex.core.localdetect import local_detector
+from kubeplex.core.model import IPFamily, NodeInfo, family_of
+
+log = logging.getLogger(__name__)
+
+NFACCT_COUNTERS = (NFACCT_LOCALHOST_NODEPORTS, NFACCT_INVALID_DROPPED)
+FIXED_CHAINS = frozenset(
+    {
+        names.SERVICES,
+        names.EXTERNAL_SERVICES,
+        names.NODEPORTS,
+        names.POSTROUTING,
+        names.MARK_MASQ,
+        names.FORWARD,
+        names.PROXY_FIREWALL,
+        names.CANARY,
+    }
+)
+
+
+def node_port_ips(addresses: tuple[str, ...], node: NodeInfo, family: IPFamily, local: tuple[str, ...]) -> tuple[str, ...] | None:
+    """Upstream's nodePortAddresses for one family: None means every local address."""
+    mine = [a for a in addresses if a == "primary" or family_of(a) is family]
+    if not mine:
+        return None
+    ips: list[str] = []
+    for entry in mine:
+        if entry == "primary":
+            ips += node.addresses_of(family)[:1]
+            continue
+        net = ipaddress.ip_network(entry, strict=False)
+        if net.prefixlen == 0:
+            return None
+        ips += [ip for ip in local if family_of(ip) is family and ipaddress.ip_address(ip) in net]
+    return tuple(dict.fromkeys(ips))
+
+
+class IptablesBackend(Backend):
+    mode = "iptables"
+    capabilities = frozenset(
+        {"localhost-nodeports", "session-affinity", "sctp", "ipv6", "load-balancer-source-ranges"}
+    )
+    required_tools = ("iptables", "iptables-restore", "iptables-save")
+
+    def __init__(self, ctx: BackendContext) -> None:
+        super().__init__(ctx)
+        self._renderers: dict[IPFamily, FamilyRenderer] = {}
+        self._node: NodeInfo | None = None
+        self._kernels = {f: IptablesKernel(f, ctx.netns) for f in ctx.families}
+        #: nfacct counters known to exist; until prepare() runs, assume what the tool allows.
+        self._nfacct = frozenset(NFACCT_COUNTERS) if shutil.which("nfacct") else frozenset()
+        self._prepared = False
+
+    # --- render -----------------------------------------------------------------------------
+
+    def settings(self, family: IPFamily, node: NodeInfo) -> FamilySettings:
+        cfg = self.ctx.config
+        addresses = node.addresses
+        return FamilySettings(
+            family=family,
+            masquerade_mark=f"{1 << cfg.iptables.masquerade_bit:#08x}",
+            masquerade_all=cfg.iptables.masquerade_all,
+            local=local_detector(cfg, node, family),
+            localhost_node_ports=bool(cfg.iptables.localhost_node_ports) and family is IPFamily.IPv4,
+            node_port_ips=node_port_ips(tuple(cfg.node_port_addresses), node, family, addresses),
+            node_ips=node.addresses_of(family),
+            nfacct_counters=self._nfacct,
+            conntrack_tcp_liberal=cfg.conntrack.tcp_be_liberal,
+        )
+
+    def _renderer(self, family: IPFamily, node: NodeInfo) -> FamilyRenderer:
+        settings = self.settings(family, node)
+        r = self._renderers.get(family)
+        if r is None:
+            r = self._renderers[family] = FamilyRenderer(settings)
+        elif r.settings != settings:
+            r.settings = settings
+            r.force_full = True  # every rule may depend on the settings
+        return r
+
+    def render(self, state: ProxyState) -> IptablesRendered:
+        plans = []
+        for family in self.ctx.families:
+            graph = state.graphs.get(family)
+            if graph is not None:
+                renderer = self._renderer(family, state.node)
+                plans.append(renderer.render(graph, state.changes[family]))
+        return IptablesRendered(plans)
+
+    # --- apply ------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """One-time node setup before the first apply: nfacct counters, route_localnet."""
+        if self._prepared:
+            return
+        kernel = next(iter(self._kernels.values()))
+        self._nfacct = kernel.ensure_nfacct(NFACCT_COUNTERS) if shutil.which("nfacct") else frozenset()
+        self._prepared = True
+
+    def apply(self, rendered: Rendered) -> SyncResult:
+        assert isinstance(rendered, IptablesRendered)
+        counts = {"rules": 0, "chains_deleted": 0, "restores": 0}
+        errors = {}
+        for plan in rendered.plans:
+            kernel = self._kernels[plan.family]
+            renderer = self._renderers[plan.family]
+            extra: dict[str, list[str]] = {}
+            if plan.full:
+                saved = kernel.save()
+                # Chains left by an earlier run (or process) that nothing needs any more.
+                for chain in saved.chains.get("nat", set()):
+                    if names.is_service_chain(chain) and chain not in plan.nat_wanted:
+                        plan.delete.add(chain)
+                extra = prelude(saved)
+                if plan.family is IPFamily.IPv4 and renderer.settings.localhost_node_ports:
+                    # Localhost NodePorts need martian 127/8 destinations to be routable.
+                    kernel.sysctl("net.ipv4.conf.all.route_localnet", "1")
+            if plan.empty and not extra:
+                renderer.commit(plan)
+                continue
+            text = plan.restore_input(extra)
+            try:
+                kernel.restore(text)
+            except BackendError:
+                renderer.invalidate()
+                raise
+            renderer.commit(plan)
+            counts["restores"] += 1
+            counts["rules"] += sum(len(r) for r in plan.filter.values()) + sum(
+                len(r) for r in plan.nat.values()
+            )
+            counts["chains_deleted"] += len(plan.delete)
+            errors.update(plan.errors)
+            counts[f"no_local_endpoints_internal_{plan.family.value}"] = plan.no_local_endpoints.get("internal", 0)
+            counts[f"no_local_endpoints_external_{plan.family.value}"] = plan.no_local_endpoints.get("external", 0)
+        for svc, why in errors.items():
+            log.error("service %s not programmed: %s", svc, why)
+        return SyncResult(full=rendered.full, counts=counts)
+
+    def invalidate(self) -> None:
+        for r in self._renderers.values():
+            r.invalidate()
+
+    def cleanup(self) -> None:
+        """Remove every chain and jump kubeplex (or upstream kube-proxy) made, in every family."""
+        for family, kernel in self._kernels.items():
+            saved = kernel.save()
+            lines: list[str] = []
+            for table in ("filter", "nat", "mangle"):
+                chains = saved.chains.get(table, set())
+                ours = sorted(c for c in chains if c in FIXED_CHAINS or names.is_service_chain(c))
+                jumps = [
+                    r.replace("-A ", "-D ", 1)
+                    for r in saved.rules.get(table, [])
+                    if r.split()[1] not in ours and any(r.endswith(f"-j {c}") for c in ours)
+                ]
+                if not ours and not jumps:
+                    continue
+                lines.append(f"*{table}")
+                lines += [f":{c} - [0:0]" for c in ours]
+                lines += jumps
+                lines += [f"-X {c}" for c in ours]
+                lines.append("COMMIT")
+            if lines:
+                kernel.restore("\n".join(lines) + "\n")
+                log.info("removed iptables rules (%s)", family.value)
+        self.invalidate()
+
+    def missing_requirements(self) -> list[str]:
+        missing = super().missing_requirements()
+        if IPFamily.IPv6 in self.ctx.families and not shutil.which("ip6tables-restore"):
+            missing.append("executable 'ip6tables-restore' not found in PATH")
+        return missing
+

@@ -1,0 +1,109 @@
+"""The iptables backend's side-effect seam: iptables-save, iptables-restore, sysctl, nfacct."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from kubeplex.backends.iptables import names
+from kubeplex.core import execer
+from kubeplex.core.model import IPFamily
+
+#: (table, builtin chain, comment, extra match, target): upstream's jumps into our chains, in the
+#: order upstream ensures them; each is inserted at position 1 when missing.
+JUMPS = (
+    ("filter", "INPUT", "kubernetes externally-visible service portals", "-m conntrack --ctstate NEW", names.EXTERNAL_SERVICES),
+    ("filter", "FORWARD", "kubernetes externally-visible service portals", "-m conntrack --ctstate NEW", names.EXTERNAL_SERVICES),
+    ("filter", "INPUT", "kubernetes health check service ports", "", names.NODEPORTS),
+    ("filter", "FORWARD", "kubernetes service portals", "-m conntrack --ctstate NEW", names.SERVICES),
+    ("filter", "OUTPUT", "kubernetes service portals", "-m conntrack --ctstate NEW", names.SERVICES),
+    ("filter", "FORWARD", "kubernetes forwarding rules", "", names.FORWARD),
+    ("filter", "INPUT", "kubernetes load balancer firewall", "-m conntrack --ctstate NEW", names.PROXY_FIREWALL),
+    ("filter", "OUTPUT", "kubernetes load balancer firewall", "-m conntrack --ctstate NEW", names.PROXY_FIREWALL),
+    ("filter", "FORWARD", "kubernetes load balancer firewall", "-m conntrack --ctstate NEW", names.PROXY_FIREWALL),
+    ("nat", "OUTPUT", "kubernetes service portals", "", names.SERVICES),
+    ("nat", "PREROUTING", "kubernetes service portals", "", names.SERVICES),
+    ("nat", "POSTROUTING", "kubernetes postrouting rules", "", names.POSTROUTING),
+)
+CANARY_TABLES = ("mangle", "nat", "filter")
+
+_TABLE = re.compile(r"^\*(\S+)")
+_CHAIN = re.compile(r"^:(\S+) ")
+
+
+@dataclass
+class SavedRuleset:
+    """What iptables-save shows: chains per table, and the rule lines."""
+
+    chains: dict[str, set[str]] = field(default_factory=dict)
+    rules: dict[str, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> SavedRuleset:
+        saved = cls()
+        table = ""
+        for line in text.splitlines():
+            if m := _TABLE.match(line):
+                table = m.group(1)
+                saved.chains.setdefault(table, set())
+                saved.rules.setdefault(table, [])
+            elif m := _CHAIN.match(line):
+                saved.chains[table].add(m.group(1))
+            elif line.startswith("-A "):
+                saved.rules[table].append(line)
+        return saved
+
+    def has_jump(self, table: str, chain: str, comment: str, target: str) -> bool:
+        head = f"-A {chain} "
+        return any(
+            r.startswith(head) and f'"{comment}"' in r and r.endswith(f"-j {target}")
+            for r in self.rules.get(table, [])
+        )
+
+
+class IptablesKernel:
+    def __init__(self, family: IPFamily, netns: str | None, restore_wait: int = 5) -> None:
+        self.family = family
+        self.netns = netns
+        prefix = "ip6tables" if family is IPFamily.IPv6 else "iptables"
+        self.save_cmd = f"{prefix}-save"
+        self.restore_cmd = f"{prefix}-restore"
+        self.restore_wait = restore_wait
+
+    def save(self, table: str | None = None) -> SavedRuleset:
+        argv = [self.save_cmd] + (["-t", table] if table else [])
+        return SavedRuleset.parse(execer.run(argv, self.netns).stdout)
+
+    def restore(self, text: str) -> None:
+        execer.run(
+            [self.restore_cmd, "--noflush", "--wait", str(self.restore_wait)],
+            self.netns,
+            input=text,
+        )
+
+    def sysctl(self, key: str, value: str) -> None:
+        execer.run(["sysctl", "-q", "-w", f"{key}={value}"], self.netns)
+
+    def ensure_nfacct(self, counters: tuple[str, ...]) -> frozenset[str]:
+        """Create nfacct counters; returns those that exist (empty where nfacct is unsupported)."""
+        have = set()
+        for name in counters:
+            proc = execer.run(["nfacct", "add", name], self.netns, check=False)
+            if proc.returncode == 0 or "exists" in proc.stderr.lower():
+                have.add(name)
+        return frozenset(have)
+
+
+def prelude(saved: SavedRuleset) -> dict[str, list[str]]:
+    """Lines that create missing canary chains and jump rules, in upstream's effective order."""
+    out: dict[str, list[str]] = {}
+    for table in CANARY_TABLES:
+        if names.CANARY not in saved.chains.get(table, set()):
+            out.setdefault(table, []).append(f":{names.CANARY} - [0:0]")
+    for table, chain, comment, extra, target in JUMPS:
+        if not saved.has_jump(table, chain, comment, target):
+            match = f"{extra} " if extra else ""
+            out.setdefault(table, []).append(
+                f'-I {chain} 1 {match}-m comment --comment "{comment}" -j {target}'
+            )
+    return out

@@ -1,0 +1,173 @@
+"""The ``kubeplex`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from kubeplex.core import plugins
+from kubeplex.core.backend import Backend, BackendContext
+from kubeplex.core.cluster import ClusterState
+from kubeplex.core.config import KubeProxyConfiguration, default_config, load_config, with_overrides
+from kubeplex.core.errors import InvalidObject, KubeplexError
+from kubeplex.core.proxier import Proxier
+from kubeplex.core.runner import SyncRunner
+from kubeplex.core.sources.manifests import ManifestSource
+from kubeplex.core.version import __version__
+
+log = logging.getLogger("kubeplex")
+
+# Exit codes a script can act on.
+EXIT_OK = 0
+EXIT_SYNC_FAILED = 1
+EXIT_USAGE = 2
+EXIT_CONFIG = 3
+EXIT_BACKEND = 4
+
+
+def _common(p: argparse.ArgumentParser, config_required: bool = False) -> None:
+    p.add_argument("--config", type=Path, required=config_required, help="KubeProxyConfiguration file")
+    p.add_argument("--hostname-override", help="node name (default: the hostname)")
+    p.add_argument("--proxy-mode", help="overrides mode: iptables, nftables, ipvs, kernelspace")
+    p.add_argument("--cluster-cidr", help="overrides clusterCIDR (comma-separated, one per family)")
+    p.add_argument("-v", "--v", type=int, default=0, dest="verbosity", help="log verbosity (0-5)")
+    # Programs the rules inside a network namespace (used by the lab and the kernel tests).
+    p.add_argument("--netns", help=argparse.SUPPRESS)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="kubeplex", description="A Python kube-proxy.")
+    sub = top.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the proxy (daemon)")
+    _common(run)
+    run.add_argument("--manifests", type=Path, help="folder or file of Service/EndpointSlice/Node YAML")
+    run.add_argument("--once", action="store_true", help="one full sync, then exit (non-zero if it failed)")
+
+    render = sub.add_parser("render", help="print what the selected mode would program (no root)")
+    _common(render)
+    render.add_argument("--manifests", type=Path, required=True)
+
+    cleanup = sub.add_parser("cleanup", help="remove every rule the selected mode programmed")
+    _common(cleanup)
+
+    sub.add_parser("version", help="print the version")
+
+    from kubeplex.core import lab  # the lab pulls in the test-lab helpers only when asked for
+
+    lab.add_parser(sub)
+    return top
+
+
+def _setup_logging(verbosity: int) -> None:
+    level = logging.DEBUG if verbosity >= 4 else logging.INFO if verbosity >= 1 else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def load_effective_config(args: argparse.Namespace) -> KubeProxyConfiguration:
+    modes = plugins.known_modes()
+    cfg = load_config(args.config, known_modes=modes) if args.config else default_config()
+    return with_overrides(
+        cfg,
+        hostname_override=args.hostname_override,
+        mode=args.proxy_mode,
+        cluster_cidr=args.cluster_cidr,
+        known_modes=modes,
+    )
+
+
+def node_name(cfg: KubeProxyConfiguration) -> str:
+    return (cfg.hostname_override or socket.gethostname()).strip().lower()
+
+
+def make_backend(cfg: KubeProxyConfiguration, netns: str | None) -> Backend:
+    ctx = BackendContext(config=cfg, node_name=node_name(cfg), netns=netns)
+    return plugins.load_backend(cfg.mode, ctx)
+
+
+def _state_from_manifests(cfg: KubeProxyConfiguration, path: Path) -> tuple[ClusterState, ManifestSource]:
+    cluster = ClusterState(node_name(cfg))
+    source = ManifestSource(path, cluster)
+    source.load()
+    return cluster, source
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    cfg = load_effective_config(args)
+    backend = make_backend(cfg, None)
+    cluster, source = _state_from_manifests(cfg, args.manifests)
+    state = cluster.checkout(full=True)
+    sys.stdout.write(str(backend.render(state)))
+    return EXIT_CONFIG if source.problems or cluster.invalid else EXIT_OK
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    cfg = load_effective_config(args)
+    make_backend(cfg, args.netns).cleanup()
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = load_effective_config(args)
+    if args.manifests is None:
+        raise KubeplexError("run: --manifests PATH is required (the Kubernetes API source is not built yet)")
+    backend = make_backend(cfg, args.netns)
+    missing = backend.missing_requirements()
+    if missing:
+        raise KubeplexError(f"mode {cfg.mode}: this node lacks what it needs: {'; '.join(missing)}")
+    cluster, source = _state_from_manifests(cfg, args.manifests)
+    backend.prepare()
+    proxier = Proxier(cluster, backend)
+    if args.once:
+        return EXIT_OK if proxier.sync(full=True) else EXIT_SYNC_FAILED
+
+    sync_period, min_sync_period = cfg.sync_periods()
+    runner = SyncRunner(proxier.sync, cluster.changed, min_sync_period, sync_period)
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+        runner.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    watcher = threading.Thread(target=source.run, args=(stop,), name="manifests", daemon=True)
+    watcher.start()
+    runner.run()
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    _setup_logging(getattr(args, "verbosity", 0))
+    try:
+        if args.command == "version":
+            print(f"kubeplex {__version__}")
+            return EXIT_OK
+        if args.command == "render":
+            return cmd_render(args)
+        if args.command == "cleanup":
+            return cmd_cleanup(args)
+        if args.command == "run":
+            return cmd_run(args)
+        return int(args.handler(args))
+    except InvalidObject as err:
+        print(f"kubeplex: invalid configuration: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    except FileNotFoundError as err:
+        print(f"kubeplex: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KubeplexError as err:
+        print(f"kubeplex: {err}", file=sys.stderr)
+        return EXIT_BACKEND
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Immutable value types of the normalized endpoint graph.
+
+These are what every dataplane renders from. They carry no Kubernetes client types and no
+backend knowledge: a backend sees the same values whether the objects came from the API
+server or from a folder of manifests.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Protocol(StrEnum):
+    TCP = "TCP"
+    UDP = "UDP"
+    SCTP = "SCTP"
+
+    @property
+    def lower(self) -> str:
+        """The spelling iptables, nft and the chain hashes use."""
+        return self.value.lower()
+
+
+class IPFamily(StrEnum):
+    IPv4 = "IPv4"
+    IPv6 = "IPv6"
+
+    @property
+    def other(self) -> IPFamily:
+        return IPFamily.IPv6 if self is IPFamily.IPv4 else IPFamily.IPv4
+
+
+def family_of(ip: str) -> IPFamily:
+    """Family of an address or CIDR string that has been validated already."""
+    return IPFamily.IPv6 if ":" in ip else IPFamily.IPv4
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ServicePortName:
+    """One port of one Service; prints like upstream's ``ns/name:port`` (``ns/name`` if unnamed)."""
+
+    namespace: str
+    name: str
+    port: str = ""
+    protocol: Protocol = Protocol.TCP
+
+    @property
+    def namespaced_name(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def __str__(self) -> str:
+        base = f"{self.namespace}/{self.name}"
+        return f"{base}:{self.port}" if self.port else base
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePort:
+    """What a dataplane needs to know about one Service port in one IP family.
+
+    Addresses are normalized strings (``ipaddress`` compressed form), so they can be written
+    into rules as they are and compared cheaply.
+    """
+
+    name: ServicePortName
+    family: IPFamily
+    cluster_ip: str
+    port: int
+    protocol: Protocol = Protocol.TCP
+    node_port: int = 0
+    external_ips: tuple[str, ...] = ()
+    load_balancer_vips: tuple[str, ...] = ()
+    load_balancer_source_ranges: tuple[str, ...] = ()
+    session_affinity_client_ip: bool = False
+    sticky_max_age_seconds: int = 10800
+    internal_policy_local: bool = False
+    external_policy_local: bool = False
+    health_check_node_port: int = 0
+    traffic_distribution: str = ""
+
+    @property
+    def externally_accessible(self) -> bool:
+        return self.node_port != 0 or bool(self.load_balancer_vips) or bool(self.external_ips)
+
+    @property
+    def uses_cluster_endpoints(self) -> bool:
+        # Even with externalTrafficPolicy Local, cluster endpoints are needed for the
+        # short-circuit of pod and host traffic to external addresses.
+        return not self.internal_policy_local or self.externally_accessible
+
+    @property
+    def uses_local_endpoints(self) -> bool:
+        return self.internal_policy_local or (
+            self.external_policy_local and self.externally_accessible
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One backend of a Service port, after the slices of a Service were merged."""
+
+    ip: str
+    port: int
+    ready: bool = True
+    serving: bool = True
+    terminating: bool = False
+    is_local: bool = False
+    node_name: str = ""
+    zone: str = ""
+    zone_hints: frozenset[str] = field(default_factory=frozenset)
+    node_hints: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def address(self) -> str:
+        """``ip:port``, ``[ip]:port`` for IPv6: upstream's Endpoint.String()."""
+        return f"[{self.ip}]:{self.port}" if ":" in self.ip else f"{self.ip}:{self.port}"
+
+    def __str__(self) -> str:
+        return self.address
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """The node kubeplex runs on, as far as rules depend on it."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...] = ()
+    pod_cidrs: tuple[str, ...] = ()
+    addresses: tuple[str, ...] = ()
+    deleting: bool = False
+
+    @property
+    def zone(self) -> str:
+        return dict(self.labels).get("topology.kubernetes.io/zone", "")
+
+    def addresses_of(self, family: IPFamily) -> tuple[str, ...]:
+        return tuple(a for a in self.addresses if family_of(a) is family)
+
+    def pod_cidrs_of(self, family: IPFamily) -> tuple[str, ...]:
+        return tuple(c for c in self.pod_cidrs if family_of(c) is family)
+
+
+def normalize_ip(text: str) -> str:
+    """Canonical text of an address; raises ValueError for anything that is not one."""
+    return str(ipaddress.ip_address(text.strip()))
+
+
+def normalize_cidr(text: str) -> str:
+    """Canonical text of a network (host bits must be zero, as the API server requires)."""
+    return str(ipaddress.ip_network(text.strip(), strict=False))

@@ -1,0 +1,111 @@
+"""A bounded-frequency sync runner, like upstream's BoundedFrequencyRunner.
+
+* a change triggers a sync, but no sooner than ``min_interval`` after the previous one starts
+  (bursts of events collapse into one sync);
+* a full resync runs every ``max_interval`` even with no change;
+* a failed sync is retried with exponential backoff (tenacity); the sync function itself keeps
+  the last good rules in place and makes the retry a full one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from tenacity import RetryCallState, Retrying, retry_if_result, stop_any, wait_exponential
+
+log = logging.getLogger(__name__)
+
+#: ``sync(full) -> ok``
+SyncFn = Callable[[bool], bool]
+
+
+class SyncRunner:
+    def __init__(
+        self,
+        sync: SyncFn,
+        changed: threading.Event,
+        min_interval: float,
+        max_interval: float,
+        clock: Callable[[], float] = time.monotonic,
+        max_backoff: float = 30.0,
+    ) -> None:
+        self._sync = sync
+        self._changed = changed
+        self.min_interval = min_interval
+        self.max_interval = max_interval
+        self.max_backoff = max(max_backoff, min_interval)
+        self._clock = clock
+        self._stop = threading.Event()
+        self._last_start = float("-inf")
+        self._last_full = float("-inf")
+        self.syncs = 0
+        self.failures = 0
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._changed.set()  # wake the loop
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def _sleep(self, seconds: float) -> None:
+        # An interruptible sleep, so stop() ends a backoff at once.
+        self._stop.wait(max(0.0, seconds))
+
+    def _run_once(self, full: bool) -> bool:
+        self._last_start = self._clock()
+        if full:
+            self._last_full = self._last_start
+        self.syncs += 1
+        ok = self._sync(full)
+        if not ok:
+            self.failures += 1
+        return ok
+
+    def sync_with_retry(self, full: bool) -> bool:
+        """One sync; on failure retry with backoff until it succeeds or the runner stops."""
+
+        def stopped(_: RetryCallState) -> bool:
+            return self._stop.is_set()
+
+        retrying = Retrying(
+            retry=retry_if_result(lambda ok: ok is False),
+            wait=wait_exponential(multiplier=max(self.min_interval, 0.5), max=self.max_backoff),
+            stop=stop_any(stopped),
+            sleep=self._sleep,
+            retry_error_callback=lambda state: False,
+            before_sleep=lambda state: log.warning(
+                "sync failed (attempt %d); retrying in %.1fs with a full sync",
+                state.attempt_number,
+                state.upcoming_sleep,
+            ),
+        )
+        first = True
+
+        def attempt() -> bool:
+            nonlocal first
+            # Every retry is full: the failed apply may have left the backend unsure.
+            result = self._run_once(full or not first)
+            first = False
+            return result
+
+        return bool(retrying(attempt))
+
+    def run(self) -> None:
+        """Loop until stop(): sync on change (rate-limited) and every max_interval."""
+        while not self._stop.is_set():
+            now = self._clock()
+            due_full = self._last_full + self.max_interval
+            self._changed.wait(timeout=max(0.0, due_full - now))
+            if self._stop.is_set():
+                break
+            earliest = self._last_start + self.min_interval
+            if self._clock() < earliest:
+                self._sleep(earliest - self._clock())
+                if self._stop.is_set():
+                    break
+            self.sync_with_retry(self._clock() >= self._last_full + self.max_interval)

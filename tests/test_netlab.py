@@ -1,0 +1,231 @@
+"""The namespace lab itself, without any proxy rules: plain routing, servers, teardown."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+from kubeplex.testing.netlab import (
+    CLIENT_POD,
+    EXTERNAL,
+    LAN,
+    NODE1,
+    NODE2,
+    UDP_PORT,
+    WEB_A,
+    WEB_B,
+    WEB_C,
+    HostSpec,
+    Lab,
+    LabError,
+    LabSpec,
+    NodeSpec,
+    PodSpec,
+    down_all,
+    tally,
+    unique_prefix,
+)
+
+kernel = pytest.mark.kernel
+
+CLIENT_IP = "10.244.1.3"
+
+
+def netns_list() -> str:
+    return subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def small_spec() -> LabSpec:
+    return LabSpec(
+        nodes=(NodeSpec("n1", "172.18.0.5", "10.244.1.0/24"),),
+        pods=(PodSpec("p1", "n1", "10.244.1.2", udp_ports=(9000,)),),
+        hosts=(HostSpec("h1", "172.18.0.10"),),
+    )
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@kernel
+def test_bring_up_is_fast(netlab: Lab) -> None:
+    assert netlab.is_up()
+    assert netlab.timings["up"] < 10.0, netlab.timings
+
+
+@kernel
+@pytest.mark.parametrize("pod", [WEB_A, WEB_B, WEB_C])
+def test_client_pod_reaches_pods_directly_without_nat(netlab: Lab, pod: str) -> None:
+    ip = netlab.spec.pod(pod).ip
+    [hostname] = netlab.http(CLIENT_POD, ip, 8080, "/hostname")
+    assert (hostname.outcome, hostname.body) == ("ok", pod)
+    [clientip] = netlab.http(CLIENT_POD, ip, 8080, "/clientip")
+    assert clientip.ok and clientip.body is not None
+    assert clientip.body.rsplit(":", 1)[0] == CLIENT_IP  # the pod saw the real client IP
+
+
+@kernel
+def test_every_request_is_a_new_connection(netlab: Lab) -> None:
+    results = netlab.http(CLIENT_POD, netlab.spec.pod(WEB_B).ip, 8080, "/clientip", count=5)
+    assert all(r.ok for r in results), results
+    assert len({r.body for r in results}) == 5  # five distinct source ports
+
+
+@kernel
+def test_nodes_reach_each_others_pods(netlab: Lab) -> None:
+    results = netlab.http(NODE1, netlab.spec.pod(WEB_C).ip, 8080, count=3)
+    assert tally(results) == {WEB_C: 3}
+
+
+@kernel
+def test_external_client_reaches_node_ips_but_not_pods(netlab: Lab) -> None:
+    # A hostNetwork-style server in the node namespace: the external host reaches it.
+    netlab.start_server(NODE2, "node2-host", http_ports=(10080,))
+    try:
+        [r] = netlab.http(EXTERNAL, netlab.spec.node(NODE2).host_ip, 10080, "/clientip")
+        assert r.ok and r.body is not None
+        assert r.body.startswith(netlab.spec.host(EXTERNAL).ip + ":")
+    finally:
+        netlab.stop_server("node2-host")
+    # It has no route to the pod network, like a machine outside the cluster.
+    [r] = netlab.http(EXTERNAL, netlab.spec.pod(WEB_A).ip, 8080, timeout=1)
+    assert r.outcome == "unreachable", r
+
+
+@kernel
+def test_closed_port_is_refused(netlab: Lab) -> None:
+    node1_ip = netlab.spec.node(NODE1).host_ip
+    assert [r.outcome for r in netlab.http(EXTERNAL, node1_ip, 9, timeout=1)] == ["refused"]
+    web_b = netlab.spec.pod(WEB_B).ip
+    assert [r.outcome for r in netlab.http(CLIENT_POD, web_b, 9, timeout=1)] == ["refused"]
+    assert [r.outcome for r in netlab.udp(CLIENT_POD, web_b, 9, timeout=1)] == ["refused"]
+
+
+@kernel
+def test_udp_echo(netlab: Lab) -> None:
+    web_c = netlab.spec.pod(WEB_C).ip
+    assert tally(netlab.udp(CLIENT_POD, web_c, UDP_PORT, count=3)) == {WEB_C: 3}
+    # A pinned source port keeps one 5-tuple (one conntrack flow) across datagrams.
+    results = netlab.udp(
+        CLIENT_POD, web_c, UDP_PORT, payload="clientip", count=2, source_port=40000
+    )
+    assert [r.body for r in results] == [f"{CLIENT_IP}:40000"] * 2
+
+
+@kernel
+def test_node_namespaces_take_iptables_nft_and_conntrack(netlab: Lab) -> None:
+    rules = (
+        "*filter\n:KPX-NETLAB - [0:0]\n-A FORWARD -m conntrack --ctstate NEW -j ACCEPT\nCOMMIT\n"
+    )
+    netlab.exec(NODE2, ["iptables-restore", "--noflush"], input=rules)
+    try:
+        assert "KPX-NETLAB" in netlab.exec(NODE2, ["iptables-save"]).stdout
+        assert "KPX-NETLAB" in netlab.exec(NODE2, ["nft", "list", "ruleset"]).stdout
+        assert "KPX-NETLAB" not in netlab.exec(NODE1, ["iptables-save"]).stdout
+        # A ct match enables conntrack in this namespace, so forwarded flows now show up.
+        web_b = netlab.spec.pod(WEB_B).ip
+        netlab.udp(CLIENT_POD, web_b, UDP_PORT, source_port=40001)
+        ct = netlab.exec(NODE2, ["conntrack", "-L", "-p", "udp", "--orig-port-src", "40001"])
+        assert f"src={CLIENT_IP} dst={web_b} sport=40001 dport={UDP_PORT}" in ct.stdout
+    finally:
+        flush = "*filter\n:FORWARD ACCEPT [0:0]\n-F FORWARD\n-X KPX-NETLAB\nCOMMIT\n"
+        netlab.exec(NODE2, ["iptables-restore", "--noflush"], input=flush)
+
+
+@kernel
+def test_no_link_reaches_the_root_namespace(netlab: Lab) -> None:
+    own = set(netlab.namespaces)
+    for ns in netlab.namespaces:
+        links = json.loads(netlab.exec(ns, ["ip", "-j", "link", "show"]).stdout)
+        ids = json.loads(netlab.exec(ns, ["ip", "-j", "netns", "list-id"]).stdout or "[]")
+        names = {entry["nsid"]: entry.get("name") for entry in ids}
+        for link in links:
+            if "link_netnsid" in link:  # a veth whose peer is in another namespace
+                assert names.get(link["link_netnsid"]) in own, (ns, link["ifname"], names)
+            else:
+                assert link["ifname"] in ("lo", "br0"), (ns, link["ifname"])
+
+
+@kernel
+def test_exec_error_names_namespace_and_stderr(netlab: Lab) -> None:
+    with pytest.raises(
+        LabError, match=r"kind-worker\] ip link show nosuchdev exited 1: .*does not exist"
+    ):
+        netlab.exec(NODE1, ["ip", "link", "show", "nosuchdev"])
+    assert netlab.exec(NODE1, ["false"], check=False).returncode == 1
+    assert netlab.namespace_of(LAN) == f"{netlab.prefix}-lan"
+    with pytest.raises(LabError):
+        netlab.namespace_of("nosuchpod")
+
+
+@kernel
+def test_lab_is_removed_even_if_the_body_raises() -> None:
+    lab = Lab(small_spec(), unique_prefix())
+    with pytest.raises(RuntimeError, match="boom"), lab:
+        assert lab.http("h1", "172.18.0.5", 9, timeout=1)[0].outcome == "refused"
+        pids = list(lab.server_pids().values())
+        assert len(pids) == 1
+        raise RuntimeError("boom")
+    assert lab.prefix not in netns_list()
+    assert all(pid_gone(pid) for pid in pids)
+    lab.down()  # idempotent
+    assert lab.prefix not in netns_list()
+
+
+@kernel
+def test_down_all_cleans_partial_state() -> None:
+    prefix = unique_prefix()
+    subprocess.run(["ip", "netns", "add", f"{prefix}-half"], check=True)
+    sleeper = subprocess.Popen(
+        ["ip", "netns", "exec", f"{prefix}-half", "sh", "-c", "echo in; exec sleep 600"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert sleeper.stdout is not None
+        assert sleeper.stdout.readline() == b"in\n"  # it is inside the namespace now
+        assert down_all(prefix) == [f"{prefix}-half"]
+        assert sleeper.wait(timeout=5) != 0  # killed, not finished
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+        if sleeper.stdout is not None:
+            sleeper.stdout.close()
+        down_all(prefix)
+    assert prefix not in netns_list()
+    assert down_all(prefix) == []
+
+
+@kernel
+def test_up_refuses_an_existing_prefix() -> None:
+    lab = Lab(small_spec(), unique_prefix())
+    with lab:
+        with pytest.raises(LabError, match="already exists"):
+            Lab(small_spec(), lab.prefix).up()
+        assert lab.is_up()  # the refused second lab did not tear down the first
+    assert lab.prefix not in netns_list()
+
+
+def test_spec_validation() -> None:
+    with pytest.raises(LabError, match="not a free host address"):
+        LabSpec(
+            nodes=(NodeSpec("n1", "172.18.0.5", "10.244.1.0/24"),),
+            pods=(PodSpec("p1", "n1", "10.244.2.2"),),
+        )
+    with pytest.raises(LabError, match="duplicate names"):
+        LabSpec(
+            nodes=(NodeSpec("x", "172.18.0.5", "10.244.1.0/24"),),
+            hosts=(HostSpec("x", "172.18.0.6"),),
+        )
+    with pytest.raises(LabError, match="reserved"):
+        LabSpec(nodes=(NodeSpec(LAN, "172.18.0.5", "10.244.1.0/24"),))
+    with pytest.raises(LabError, match="prefix"):
+        Lab(small_spec(), "bad-prefix")
