@@ -39,8 +39,10 @@ class BackendContext:
 class Rendered(ABC):
     """A backend's rendered rules. ``str()`` is exactly what would be handed to the kernel."""
 
-    #: True if this render rewrites everything, False for a partial (changed services only).
-    full: bool = True
+    @property
+    def full(self) -> bool:
+        """True if this render rewrites everything, False for a partial (changed services)."""
+        return True
 
     @abstractmethod
     def __str__(self) -> str: ...
@@ -68,9 +70,13 @@ class Backend(ABC):
 
     def missing_requirements(self) -> list[str]:
         """What this node lacks for the backend to run (empty: ready)."""
-        return [f"executable {t!r} not found in PATH" for t in self.required_tools if not shutil.which(t)]
+        return [
+            f"executable {t!r} not found in PATH"
+            for t in self.required_tools
+            if not shutil.which(t)
+        ]
 
-    def prepare(self) -> None:
+    def prepare(self) -> None:  # noqa: B027 - optional hook
         """One-time node setup before the first apply (not called by ``kubeplex render``)."""
 
     @abstractmethod
@@ -84,7 +90,7 @@ class Backend(ABC):
     def sync(self, state: ProxyState) -> SyncResult:
         return self.apply(self.render(state))
 
-    def invalidate(self) -> None:
+    def invalidate(self) -> None:  # noqa: B027 - optional hook
         """Forget render caches: the next render is full (called after a failed apply)."""
 
     @abstractmethod

@@ -32,7 +32,9 @@ EXIT_BACKEND = 4
 
 
 def _common(p: argparse.ArgumentParser, config_required: bool = False) -> None:
-    p.add_argument("--config", type=Path, required=config_required, help="KubeProxyConfiguration file")
+    p.add_argument(
+        "--config", type=Path, required=config_required, help="KubeProxyConfiguration file"
+    )
     p.add_argument("--hostname-override", help="node name (default: the hostname)")
     p.add_argument("--proxy-mode", help="overrides mode: iptables, nftables, ipvs, kernelspace")
     p.add_argument("--cluster-cidr", help="overrides clusterCIDR (comma-separated, one per family)")
@@ -47,8 +49,12 @@ def parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the proxy (daemon)")
     _common(run)
-    run.add_argument("--manifests", type=Path, help="folder or file of Service/EndpointSlice/Node YAML")
-    run.add_argument("--once", action="store_true", help="one full sync, then exit (non-zero if it failed)")
+    run.add_argument(
+        "--manifests", type=Path, help="folder or file of Service/EndpointSlice/Node YAML"
+    )
+    run.add_argument(
+        "--once", action="store_true", help="one full sync, then exit (non-zero if it failed)"
+    )
 
     render = sub.add_parser("render", help="print what the selected mode would program (no root)")
     _common(render)
@@ -91,7 +97,9 @@ def make_backend(cfg: KubeProxyConfiguration, netns: str | None) -> Backend:
     return plugins.load_backend(cfg.mode, ctx)
 
 
-def _state_from_manifests(cfg: KubeProxyConfiguration, path: Path) -> tuple[ClusterState, ManifestSource]:
+def _state_from_manifests(
+    cfg: KubeProxyConfiguration, path: Path
+) -> tuple[ClusterState, ManifestSource]:
     cluster = ClusterState(node_name(cfg))
     source = ManifestSource(path, cluster)
     source.load()
@@ -116,7 +124,9 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_effective_config(args)
     if args.manifests is None:
-        raise KubeplexError("run: --manifests PATH is required (the Kubernetes API source is not built yet)")
+        raise KubeplexError(
+            "run: --manifests PATH is required (the Kubernetes API source is not built yet)"
+        )
     backend = make_backend(cfg, args.netns)
     missing = backend.missing_requirements()
     if missing:

@@ -16,7 +16,12 @@ from typing import Any
 from kubeplex.core.errors import InvalidObject
 from kubeplex.core.graph import ChangeSet, ProxyState, ServiceGraph
 from kubeplex.core.model import IPFamily, NodeInfo
-from kubeplex.core.objects import EndpointSliceObject, parse_endpoint_slice, parse_node, parse_service
+from kubeplex.core.objects import (
+    EndpointSliceObject,
+    parse_endpoint_slice,
+    parse_node,
+    parse_service,
+)
 from kubeplex.core.tracker import EndpointsChangeTracker, ServiceChangeTracker
 
 log = logging.getLogger(__name__)

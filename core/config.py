@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
-from .durations import DurationError, format_duration, parse_duration
-from .errors import FieldError, InvalidObject
+from kubeplex.core.durations import DurationError, format_duration, parse_duration
+from kubeplex.core.errors import FieldError, InvalidObject
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

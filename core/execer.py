@@ -19,7 +19,7 @@ def run(
     check: bool = True,
     timeout: float = 60.0,
 ) -> subprocess.CompletedProcess[str]:
-    """Run a program; with ``check``, a non-zero exit raises BackendError naming it and its stderr."""
+    """Run a program; with ``check`` a non-zero exit raises BackendError with its stderr."""
     full = command(argv, netns)
     try:
         proc = subprocess.run(

@@ -69,7 +69,9 @@ class ServiceGraph:
         endpoints: Mapping[ServicePortName, tuple[Endpoint, ...]],
     ) -> ServiceGraph:
         # Snapshots: the trackers go on mutating their own dicts after a sync.
-        return cls(family, node, MappingProxyType(dict(services)), MappingProxyType(dict(endpoints)))
+        return cls(
+            family, node, MappingProxyType(dict(services)), MappingProxyType(dict(endpoints))
+        )
 
     def __iter__(self) -> Iterator[ServicePort]:
         """Service ports in a stable order (by name), so rendered output is deterministic."""

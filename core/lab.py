@@ -31,7 +31,9 @@ def lab_dir() -> Path:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("lab", help="build a two-node namespace cluster and program it with kubeplex")
+    p = sub.add_parser(
+        "lab", help="build a two-node namespace cluster and program it with kubeplex"
+    )
     p.add_argument("--mode", default="iptables", help="dataplane to program (default iptables)")
     p.add_argument("--requests", type=int, default=300, help="requests to send to the ClusterIP")
     p.add_argument("--down", action="store_true", help="remove everything the lab made")
@@ -66,7 +68,8 @@ def run_lab(args: argparse.Namespace) -> int:
     base = load_config(lab_dir() / "config.yaml", known_modes=plugins.known_modes())
     cfg = with_overrides(base, mode=args.mode, known_modes=plugins.known_modes())
     lab = netlab.Lab(prefix=netlab.LAB_PREFIX).up(replace=True)
-    print(f"lab up in {lab.timings.get('up', 0.0) * 1000:.0f} ms: namespaces {', '.join(lab.namespaces)}")
+    took = lab.timings.get("up", 0.0) * 1000
+    print(f"lab up in {took:.0f} ms: namespaces {', '.join(lab.namespaces)}")
     node_ns = lab.namespace_of(netlab.NODE1)
     for node in (netlab.NODE1, netlab.NODE2):
         program_node(cfg, node, lab.namespace_of(node), lab_dir() / "manifests")
@@ -75,7 +78,10 @@ def run_lab(args: argparse.Namespace) -> int:
     if cfg.mode == "iptables":
         _iptables_trace(lab, node_ns)
     elif cfg.mode == "nftables":
-        _show("nft list table ip kube-proxy", lab.exec(node_ns, ["nft", "list", "table", "ip", "kube-proxy"]).stdout)
+        _show(
+            "nft list table ip kube-proxy",
+            lab.exec(node_ns, ["nft", "list", "table", "ip", "kube-proxy"]).stdout,
+        )
 
     client = lab.namespace_of(netlab.CLIENT_POD)
     results = lab.http(client, CLUSTER_IP, 80, "/hostname", count=args.requests, timeout=2.0)
@@ -92,14 +98,20 @@ def run_lab(args: argparse.Namespace) -> int:
         )
     _show(
         f"conntrack -L -d {CLUSTER_IP}",
-        "\n".join(lab.exec(node_ns, ["conntrack", "-L", "-d", CLUSTER_IP], check=False).stdout.splitlines()[:3]),
+        "\n".join(
+            lab.exec(
+                node_ns, ["conntrack", "-L", "-d", CLUSTER_IP], check=False
+            ).stdout.splitlines()[:3]
+        ),
     )
     external = lab.namespace_of(netlab.EXTERNAL)
     node_ip = lab.spec.node(netlab.NODE1).host_ip
     seen = lab.http(external, node_ip, NODEPORT, "/clientip", count=1)
     _show(
-        f"curl http://{node_ip}:{NODEPORT}/clientip from the external host (externalTrafficPolicy: Cluster)",
-        (seen[0].body or seen[0].outcome) + "   <- the node's address: the client IP was masqueraded",
+        f"curl http://{node_ip}:{NODEPORT}/clientip from the external host"
+        " (externalTrafficPolicy: Cluster)",
+        (seen[0].body or seen[0].outcome)
+        + "   <- the node's address: the client IP was masqueraded",
     )
     print("\nThe lab stays up; look around with e.g.")
     print(f"  ip netns exec {node_ns} iptables-save -t nat | grep default/web")

@@ -17,11 +17,6 @@ class Protocol(StrEnum):
     UDP = "UDP"
     SCTP = "SCTP"
 
-    @property
-    def lower(self) -> str:
-        """The spelling iptables, nft and the chain hashes use."""
-        return self.value.lower()
-
 
 class IPFamily(StrEnum):
     IPv4 = "IPv4"
@@ -143,9 +138,15 @@ class NodeInfo:
 
 def normalize_ip(text: str) -> str:
     """Canonical text of an address; raises ValueError for anything that is not one."""
+    # ipaddress accepts an IPv6 scope ("fe80::1%eth0") with arbitrary text after the "%",
+    # spaces and newlines included; Kubernetes never accepts a scope, and it must not reach a rule.
+    if "%" in text:
+        raise ValueError(f"{text!r}: an IP address with a scope is not allowed")
     return str(ipaddress.ip_address(text.strip()))
 
 
 def normalize_cidr(text: str) -> str:
     """Canonical text of a network (host bits must be zero, as the API server requires)."""
+    if "%" in text:
+        raise ValueError(f"{text!r}: a network with a scope is not allowed")
     return str(ipaddress.ip_network(text.strip(), strict=False))

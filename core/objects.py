@@ -13,14 +13,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubeplex.core.errors import FieldError, InvalidObject
-from kubeplex.core.model import IPFamily, NodeInfo, Protocol, family_of, normalize_cidr, normalize_ip
+from kubeplex.core.model import (
+    IPFamily,
+    NodeInfo,
+    Protocol,
+    family_of,
+    normalize_cidr,
+    normalize_ip,
+)
 
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Anchored with \Z, not $: "$" also matches before a trailing newline ("web\n" would pass).
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
+)
 # IANA_SVC_NAME as the API server enforces for port names.
-_PORT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_PORT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 # Label values and zone names: what the API server allows in a label value.
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
@@ -188,24 +198,43 @@ class _Fields:
             self.fail(path, f"must be one of TCP, UDP, SCTP, got {_show(obj)}")
             return Protocol.TCP
 
+    def dns_subdomain(self, obj: Any, path: str) -> str:
+        text = self.string(obj, path)
+        if not text:
+            self.fail(path, "required")
+        elif len(text) > 253 or not _DNS1123_SUBDOMAIN.match(text):
+            self.fail(
+                path,
+                f"must be a DNS subdomain (lower-case letters, digits, '-', '.'), got {_show(obj)}",
+            )
+        return text
+
     def dns_label(self, obj: Any, path: str, pattern: re.Pattern[str] = _DNS1123_LABEL) -> str:
         text = self.string(obj, path)
         if not text:
             self.fail(path, "required")
         elif len(text) > 63 or not pattern.match(text):
-            self.fail(path, f"must be a DNS label (lower-case letters, digits, '-'), got {_show(obj)}")
+            self.fail(
+                path, f"must be a DNS label (lower-case letters, digits, '-'), got {_show(obj)}"
+            )
         return text
 
 
 def _show(obj: Any) -> str:
     """A value as it goes into an error message: quoted, control characters escaped, bounded."""
-    text = repr(obj) if not isinstance(obj, str) else '"' + obj.encode("unicode_escape").decode() + '"'
+    text = (
+        repr(obj) if not isinstance(obj, str) else '"' + obj.encode("unicode_escape").decode() + '"'
+    )
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _metadata(f: _Fields, obj: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
+def _metadata(
+    f: _Fields, obj: Mapping[str, Any], subdomain: bool = False
+) -> tuple[str, str, Mapping[str, Any]]:
     meta = f.mapping(obj.get("metadata"), "metadata")
-    name = f.dns_label(meta.get("name"), "metadata.name")
+    # Service names are DNS labels; EndpointSlice names, DNS subdomains (as the API server checks).
+    check = f.dns_subdomain if subdomain else f.dns_label
+    name = check(meta.get("name"), "metadata.name")
     namespace = f.dns_label(meta.get("namespace", "default"), "metadata.namespace")
     return namespace, name, meta
 
@@ -294,7 +323,9 @@ def parse_service(obj: Mapping[str, Any]) -> ServiceObject:
         if ip and mode == "VIP" and svc_type == "LoadBalancer":
             ingress_ips.append(ip)
 
-    affinity = f.choice(spec.get("sessionAffinity"), "spec.sessionAffinity", ("None", "ClientIP"), "None")
+    affinity = f.choice(
+        spec.get("sessionAffinity"), "spec.sessionAffinity", ("None", "ClientIP"), "None"
+    )
     timeout = DEFAULT_AFFINITY_TIMEOUT
     if affinity == "ClientIP":
         cfg = f.mapping(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
@@ -307,10 +338,16 @@ def parse_service(obj: Mapping[str, Any]) -> ServiceObject:
             DEFAULT_AFFINITY_TIMEOUT,
         )
     etp = f.choice(
-        spec.get("externalTrafficPolicy"), "spec.externalTrafficPolicy", ("Cluster", "Local"), "Cluster"
+        spec.get("externalTrafficPolicy"),
+        "spec.externalTrafficPolicy",
+        ("Cluster", "Local"),
+        "Cluster",
     )
     itp = f.choice(
-        spec.get("internalTrafficPolicy"), "spec.internalTrafficPolicy", ("Cluster", "Local"), "Cluster"
+        spec.get("internalTrafficPolicy"),
+        "spec.internalTrafficPolicy",
+        ("Cluster", "Local"),
+        "Cluster",
     )
     hc_port = f.integer(spec.get("healthCheckNodePort"), "spec.healthCheckNodePort", 0, 65535)
     traffic_distribution = f.string(spec.get("trafficDistribution"), "spec.trafficDistribution")
@@ -338,10 +375,12 @@ def parse_service(obj: Mapping[str, Any]) -> ServiceObject:
 def parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSliceObject:
     """Validate a discovery.k8s.io/v1 EndpointSlice."""
     f = _Fields()
-    namespace, name, meta = _metadata(f, obj)
+    namespace, name, meta = _metadata(f, obj, subdomain=True)
     labels = f.mapping(meta.get("labels"), "metadata.labels")
     annotations = f.mapping(meta.get("annotations"), "metadata.annotations")
-    service_name = f.dns_label(labels.get(SERVICE_NAME_LABEL), f"metadata.labels[{SERVICE_NAME_LABEL}]")
+    service_name = f.dns_label(
+        labels.get(SERVICE_NAME_LABEL), f"metadata.labels[{SERVICE_NAME_LABEL}]"
+    )
     address_type = f.choice(obj.get("addressType"), "addressType", ("IPv4", "IPv6", "FQDN"), "IPv4")
     if obj.get("addressType") is None:
         f.fail("addressType", "required")
@@ -370,9 +409,10 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSliceObject:
         if ip and family_of(ip).value != address_type:
             f.fail(f"{path}.addresses[0]", f"must be an {address_type} address, got {_show(ip)}")
         cond = f.mapping(ep.get("conditions"), f"{path}.conditions")
-        # Upstream semantics of unset conditions: ready unless told otherwise, serving = ready.
+        # Upstream (endpointslicecache.go) reads unset conditions as ready, serving, and not
+        # terminating: an unset serving is true even when ready is false.
         ready = f.boolean(cond.get("ready"), f"{path}.conditions.ready", True)
-        serving = f.boolean(cond.get("serving"), f"{path}.conditions.serving", ready)
+        serving = f.boolean(cond.get("serving"), f"{path}.conditions.serving", True)
         terminating = f.boolean(cond.get("terminating"), f"{path}.conditions.terminating", False)
         node_name = f.string(ep.get("nodeName"), f"{path}.nodeName")
         if node_name and not _DNS1123_SUBDOMAIN.match(node_name):

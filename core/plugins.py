@@ -27,11 +27,12 @@ def known_modes() -> tuple[str, ...]:
 
 def load_backend(mode: str, ctx: BackendContext) -> Backend:
     if mode not in available():
-        raise KubeplexError(
-            f"mode {mode!r}: no backend installed for it (installed: {', '.join(sorted(available())) or 'none'})"
-        )
+        installed = ", ".join(sorted(available())) or "none"
+        raise KubeplexError(f"mode {mode!r}: no backend installed for it (installed: {installed})")
     try:
-        manager = DriverManager(GROUP, mode, invoke_on_load=False, on_load_failure_callback=_reraise)
+        manager: DriverManager[type[Backend]] = DriverManager(
+            GROUP, mode, invoke_on_load=False, on_load_failure_callback=_reraise
+        )
     except KubeplexError:
         raise
     except Exception as err:
@@ -43,4 +44,6 @@ def load_backend(mode: str, ctx: BackendContext) -> Backend:
 
 
 def _reraise(_manager: object, entry_point: EntryPoint, err: BaseException) -> None:
-    raise KubeplexError(f"backend {entry_point.name!r} ({entry_point.value}) failed to import: {err!r}") from err
+    raise KubeplexError(
+        f"backend {entry_point.name!r} ({entry_point.value}) failed to import: {err!r}"
+    ) from err

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tenacity import RetryCallState, Retrying, retry_if_result, stop_any, wait_exponential
+from tenacity import RetryCallState, Retrying, retry_if_result, wait_exponential
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class SyncRunner:
         retrying = Retrying(
             retry=retry_if_result(lambda ok: ok is False),
             wait=wait_exponential(multiplier=max(self.min_interval, 0.5), max=self.max_backoff),
-            stop=stop_any(stopped),
+            stop=stopped,
             sleep=self._sleep,
             retry_error_callback=lambda state: False,
             before_sleep=lambda state: log.warning(

@@ -1,4 +1,4 @@
-"""Which endpoints a Service port uses on this node: upstream's CategorizeEndpoints, as a pure function.
+"""Which endpoints a Service port uses on this node: upstream's CategorizeEndpoints, pure.
 
 Cluster endpoints are the ready ones (narrowed by topology hints when every ready endpoint has
 hints and some are for this node or zone), falling back to serving+terminating ones when none
@@ -20,7 +20,7 @@ PREFER_SAME_ZONE = "PreferSameZone"
 class CategorizedEndpoints:
     cluster: tuple[Endpoint, ...]
     local: tuple[Endpoint, ...]
-    #: Every endpoint some rule of this node can send to (cluster ∪ local), in upstream order.
+    #: Every endpoint some rule of this node can send to (cluster and local), in upstream order.
     reachable: tuple[Endpoint, ...]
     #: True if the Service has a usable endpoint anywhere in the cluster.
     has_any: bool
@@ -48,7 +48,9 @@ def _available(ep: Endpoint, mode: str, node_name: str, zone: str) -> bool:
     return True
 
 
-def _select(endpoints: Sequence[Endpoint], keep: Callable[[Endpoint], bool]) -> tuple[Endpoint, ...]:
+def _select(
+    endpoints: Sequence[Endpoint], keep: Callable[[Endpoint], bool]
+) -> tuple[Endpoint, ...]:
     return tuple(ep for ep in endpoints if keep(ep))
 
 

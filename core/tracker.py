@@ -7,7 +7,6 @@ the previous checkout handed out, so a Service changed and changed back yields n
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -30,7 +29,10 @@ CONNECTIONLESS = (Protocol.UDP, Protocol.SCTP)
 
 
 def service_ports(svc: ServiceObject, family: IPFamily) -> PortMap:
-    """The ServicePorts of one Service in one family; empty for headless/ExternalName/other family."""
+    """The ServicePorts of one Service in one family.
+
+    Empty for a headless or ExternalName Service, or one without a cluster IP of this family.
+    """
     cluster_ip = "" if svc.headless else svc.cluster_ip_of(family)
     if not cluster_ip:
         return {}
@@ -67,7 +69,9 @@ def service_ports(svc: ServiceObject, family: IPFamily) -> PortMap:
     return ports
 
 
-def _changed_keys(old: Mapping[ServicePortName, object], new: Mapping[ServicePortName, object]) -> set[ServicePortName]:
+def _changed_keys(
+    old: Mapping[ServicePortName, object], new: Mapping[ServicePortName, object]
+) -> set[ServicePortName]:
     return {k for k in old.keys() | new.keys() if old.get(k) != new.get(k)}
 
 
@@ -129,14 +133,12 @@ class EndpointChanges:
     changed: frozenset[ServicePortName]
     stale_endpoints: tuple[StaleEndpoint, ...]
     newly_active: frozenset[ServicePortName]
-    #: Earliest ``last-change-trigger-time`` (epoch seconds) per changed Service, for latency metrics.
+    #: Earliest ``last-change-trigger-time`` (epoch seconds) per changed Service (latency metric).
     trigger_times: Mapping[str, float]
 
 
-def merge_slices(
-    slices: Mapping[str, EndpointSliceObject], node_name: str
-) -> EndpointsMap:
-    """Endpoints of one Service from all of its slices: merged, de-duplicated, sorted like upstream."""
+def merge_slices(slices: Mapping[str, EndpointSliceObject], node_name: str) -> EndpointsMap:
+    """Endpoints of one Service from all of its slices: merged, de-duplicated, upstream order."""
     by_port: dict[ServicePortName, dict[str, Endpoint]] = {}
     for slice_name in sorted(slices):
         es = slices[slice_name]
@@ -237,11 +239,17 @@ class EndpointsChangeTracker:
                 if spn.protocol not in CONNECTIONLESS:
                     continue
                 before, after = old.get(spn, ()), new.get(spn, ())
-                # Only a serving endpoint can have had traffic, so only it leaves entries.
+                # Only a serving endpoint can have had traffic, so only it leaves entries; it is
+                # stale once no serving endpoint has its address (upstream compares ip:port and
+                # serving only: a ready endpoint that starts terminating keeps its flows).
+                still_serving = {ep.address for ep in after if ep.serving}
                 stale.extend(
-                    StaleEndpoint(spn, ep) for ep in before if ep.serving and ep not in after
+                    StaleEndpoint(spn, ep)
+                    for ep in before
+                    if ep.serving and ep.address not in still_serving
                 )
-                if any(ep.ready for ep in after) and not any(ep.ready for ep in before):
+                # Upstream: 0 -> >0 serving endpoints (a terminating fallback counts too).
+                if any(ep.serving for ep in after) and not any(ep.serving for ep in before):
                     newly_active.add(spn)
             for spn in diff:
                 self._endpoints.pop(spn, None)

@@ -42,7 +42,9 @@ def api(srv: FakeApiServer, tmp_path: Path) -> client.ApiClient:
     return client.ApiClient(cfg)
 
 
-def svc(name: str, ns: str = NS, labels: dict[str, str] | None = None, port: int = 80) -> dict[str, Any]:
+def svc(
+    name: str, ns: str = NS, labels: dict[str, str] | None = None, port: int = 80
+) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "namespace": ns, "labels": labels or {}},
         "spec": {"selector": {"app": name}, "ports": [{"name": "http", "port": port}]},
@@ -190,7 +192,9 @@ def test_list_endpointslices_with_paging_and_selectors(
 def test_label_and_field_selectors(srv: FakeApiServer, api: client.ApiClient) -> None:
     v1 = client.CoreV1Api(api)
     srv.create("Service", svc("plain", labels={"app": "a"}))
-    srv.create("Service", svc("headless", labels={"service.kubernetes.io/headless": "", "app": "b"}))
+    srv.create(
+        "Service", svc("headless", labels={"service.kubernetes.io/headless": "", "app": "b"})
+    )
     srv.create("Service", svc("other", labels={"service.kubernetes.io/service-proxy-name": "x"}))
 
     def names(**kw: Any) -> list[str]:
@@ -335,9 +339,7 @@ def test_watch_without_resource_version_starts_with_synthetic_adds(
     d1 = client.DiscoveryV1Api(api)
     srv.create("EndpointSlice", slice_("web-1", "web", "10.0.0.1"))
     srv.create("EndpointSlice", slice_("web-2", "web", "10.0.0.2"))
-    events = list(
-        watch.Watch().stream(d1.list_namespaced_endpoint_slice, NS, timeout_seconds=1)
-    )
+    events = list(watch.Watch().stream(d1.list_namespaced_endpoint_slice, NS, timeout_seconds=1))
     assert [(e["type"], e["object"].metadata.name) for e in events] == [
         ("ADDED", "web-1"),
         ("ADDED", "web-2"),
@@ -553,7 +555,7 @@ def test_events_can_be_created_and_patched(srv: FakeApiServer, api: client.ApiCl
     # events.k8s.io/v1 is served too (kept separately from core/v1 events in this fake)
     ev2 = client.EventsV1Event(
         metadata=client.V1ObjectMeta(name="n1.17b", namespace=NS),
-        event_time=client.V1MicroTime if False else "2025-01-01T00:00:00.000000Z",
+        event_time="2025-01-01T00:00:00.000000Z",
         reporting_controller="kube-proxy",
         reporting_instance="n1",
         action="StartKubeProxy",
@@ -599,10 +601,15 @@ def test_fault_injection_and_request_log(srv: FakeApiServer, api: client.ApiClie
         v1.list_service_for_all_namespaces()
     assert exc.value.status == 500
     v1.list_service_for_all_namespaces()
-    srv.fail_next(1, code=429)
+    srv.fail_next(1, code=503)
     with pytest.raises(ApiException) as exc:
         v1.list_node()
-    assert exc.value.status == 429 and exc.value.headers["Retry-After"] == "1"
+    assert (exc.value.status, json.loads(exc.value.body)["reason"]) == (503, "ServiceUnavailable")
+    # 429 + Retry-After: urllib3 (under the client) sleeps and retries transparently
+    srv.clear_requests()
+    srv.fail_next(1, code=429, retry_after=0)
+    assert v1.list_node().items == []
+    assert [r.status for r in srv.find_requests("list", "nodes")] == [429, 200]
     # a connection reset before the response: urllib3 retries idempotent requests by itself
     srv.clear_requests()
     srv.fail_next(1, reset=True)
@@ -634,3 +641,30 @@ def test_stop_and_restart_keeps_state_and_port(srv: FakeApiServer, api: client.A
     srv.start()
     assert srv.port == port
     assert [s.metadata.name for s in v1.list_service_for_all_namespaces().items] == ["a"]
+
+
+def test_defaulting_status_subresource_finalizers_and_patch_types(
+    srv: FakeApiServer, api: client.ApiClient
+) -> None:
+    v1 = client.CoreV1Api(api)
+    body = svc("lb")
+    body["metadata"]["finalizers"] = ["service.kubernetes.io/load-balancer-cleanup"]
+    body["spec"].update(type="LoadBalancer", externalTrafficPolicy="Local")
+    lb = v1.create_namespaced_service(NS, body)
+    assert lb.spec.ports[0].node_port and lb.spec.health_check_node_port
+    assert lb.spec.ports[0].target_port == 80 and lb.spec.ip_families == ["IPv4"]
+    # status is a subresource: the main resource ignores status, /status ignores the rest
+    ingress = {"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}]}}}
+    v1.patch_namespaced_service("lb", NS, ingress)
+    assert srv.get("Service", "lb")["status"] == {"loadBalancer": {}}
+    v1.patch_namespaced_service_status("lb", NS, {**ingress, "spec": {"type": "ClusterIP"}})
+    got = srv.get("Service", "lb")
+    assert got["status"]["loadBalancer"]["ingress"] == [{"ip": "192.0.2.1"}]
+    assert got["spec"]["type"] == "LoadBalancer"
+    # RFC 6902 JSON patch (a list body)
+    v1.patch_namespaced_service("lb", NS, [{"op": "add", "path": "/metadata/labels", "value": {}}])
+    # DELETE with finalizers only sets deletionTimestamp; dropping the finalizer deletes
+    assert v1.delete_namespaced_service("lb", NS).metadata.deletion_timestamp is not None
+    assert srv.get("Service", "lb")["metadata"]["deletionTimestamp"]
+    v1.patch_namespaced_service("lb", NS, {"metadata": {"finalizers": None}})
+    assert srv.list_objects("Service") == []

@@ -37,7 +37,9 @@ FIXED_CHAINS = frozenset(
 )
 
 
-def node_port_ips(addresses: tuple[str, ...], node: NodeInfo, family: IPFamily, local: tuple[str, ...]) -> tuple[str, ...] | None:
+def node_port_ips(
+    addresses: tuple[str, ...], node: NodeInfo, family: IPFamily, local: tuple[str, ...]
+) -> tuple[str, ...] | None:
     """Upstream's nodePortAddresses for one family: None means every local address."""
     mine = [a for a in addresses if a == "primary" or family_of(a) is family]
     if not mine:
@@ -80,7 +82,8 @@ class IptablesBackend(Backend):
             masquerade_mark=f"{1 << cfg.iptables.masquerade_bit:#08x}",
             masquerade_all=cfg.iptables.masquerade_all,
             local=local_detector(cfg, node, family),
-            localhost_node_ports=bool(cfg.iptables.localhost_node_ports) and family is IPFamily.IPv4,
+            localhost_node_ports=bool(cfg.iptables.localhost_node_ports)
+            and family is IPFamily.IPv4,
             node_port_ips=node_port_ips(tuple(cfg.node_port_addresses), node, family, addresses),
             node_ips=node.addresses_of(family),
             nfacct_counters=self._nfacct,
@@ -113,7 +116,9 @@ class IptablesBackend(Backend):
         if self._prepared:
             return
         kernel = next(iter(self._kernels.values()))
-        self._nfacct = kernel.ensure_nfacct(NFACCT_COUNTERS) if shutil.which("nfacct") else frozenset()
+        self._nfacct = (
+            kernel.ensure_nfacct(NFACCT_COUNTERS) if shutil.which("nfacct") else frozenset()
+        )
         self._prepared = True
 
     def apply(self, rendered: Rendered) -> SyncResult:
@@ -150,8 +155,12 @@ class IptablesBackend(Backend):
             )
             counts["chains_deleted"] += len(plan.delete)
             errors.update(plan.errors)
-            counts[f"no_local_endpoints_internal_{plan.family.value}"] = plan.no_local_endpoints.get("internal", 0)
-            counts[f"no_local_endpoints_external_{plan.family.value}"] = plan.no_local_endpoints.get("external", 0)
+            counts[f"no_local_endpoints_internal_{plan.family.value}"] = (
+                plan.no_local_endpoints.get("internal", 0)
+            )
+            counts[f"no_local_endpoints_external_{plan.family.value}"] = (
+                plan.no_local_endpoints.get("external", 0)
+            )
         for svc, why in errors.items():
             log.error("service %s not programmed: %s", svc, why)
         return SyncResult(full=rendered.full, counts=counts)
@@ -190,4 +199,3 @@ class IptablesBackend(Backend):
         if IPFamily.IPv6 in self.ctx.families and not shutil.which("ip6tables-restore"):
             missing.append("executable 'ip6tables-restore' not found in PATH")
         return missing
-

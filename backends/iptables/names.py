@@ -32,7 +32,7 @@ def _hash(text: str) -> str:
 
 
 def _port_proto(spn: ServicePortName) -> str:
-    return str(spn) + spn.protocol.lower
+    return str(spn) + spn.protocol.lower()
 
 
 def service_chain(spn: ServicePortName) -> str:

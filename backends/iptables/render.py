@@ -90,7 +90,7 @@ class FamilyPlan:
 class IptablesRendered(Rendered):
     plans: list[FamilyPlan]
 
-    @property  # type: ignore[override]
+    @property
     def full(self) -> bool:
         return any(p.full for p in self.plans)
 

@@ -93,7 +93,7 @@ def service_rules(
     out = ServiceRules()
     spn = svc.name
     name = str(spn)
-    proto = svc.protocol.lower
+    proto = svc.protocol.lower()
     port = svc.port
     cluster_chain = names.service_chain(spn)
     local_chain = names.local_service_chain(spn)

@@ -596,6 +596,12 @@ def _with_rv(obj: JSONDict, rv: int) -> JSONDict:
     return out
 
 
+def _ordered(obj: JSONDict) -> JSONDict:
+    """kind, apiVersion, metadata first (the order the real server serializes in)."""
+    head: JSONDict = {k: obj[k] for k in ("kind", "apiVersion", "metadata") if k in obj}
+    return {**head, **{k: v for k, v in obj.items() if k not in head}}
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -654,6 +660,7 @@ class _Failure:
     remaining: int
     code: int
     reset: bool
+    retry_after: int | None
     match: Callable[[RequestRecord], bool] | None
 
 
@@ -998,12 +1005,17 @@ class FakeApiServer:
         *,
         code: int = 500,
         reset: bool = False,
+        retry_after: int | None = None,
         match: Callable[[RequestRecord], bool] | None = None,
     ) -> None:
-        """Make the next ``count`` matching requests fail: a Status with ``code`` (500, 429 with
-        Retry-After, 503, 504...) or, with ``reset=True``, a TCP reset before any response."""
+        """Make the next ``count`` matching requests fail: a Status with ``code`` (500, 429,
+        503, 504, 410...) or, with ``reset=True``, a TCP reset before any response.
+
+        ``retry_after`` adds a ``Retry-After`` header (and details.retryAfterSeconds); note that
+        urllib3 (under the kubernetes client) transparently retries 413/429/503 responses that
+        carry it. ``match`` restricts which requests fail (default: any)."""
         with self._cond:
-            self._failures.append(_Failure(count, code, reset, match))
+            self._failures.append(_Failure(count, code, reset, retry_after, match))
 
     def clear_failures(self) -> None:
         with self._cond:
@@ -1161,7 +1173,7 @@ class FakeApiServer:
         obj["metadata"] = meta
         if self.defaulting:
             self._default(rt, obj, None)
-        return obj
+        return _ordered(obj)
 
     def _create(
         self,
@@ -1277,6 +1289,7 @@ class FakeApiServer:
                     if new["status"] is None:
                         new.pop("status")
                     meta = dict(old_meta)
+                    new["metadata"] = meta
                 elif "status" in old:
                     new["status"] = old["status"]
                 else:
@@ -1288,6 +1301,7 @@ class FakeApiServer:
                 b = {k: v for k, v in old.items() if k not in ("metadata", "status")}
                 if a != b:
                     meta["generation"] = old_meta.get("generation", 1) + 1
+            new = _ordered(new)
             if _strip_for_compare(new) == _strip_for_compare(old):
                 return old  # no-op update: no new revision, no event (like GuaranteedUpdate)
             if dry_run:
@@ -1974,7 +1988,7 @@ class _Handler(BaseHTTPRequestHandler):
                     rec.status = 0
                     self._reset()
                     return
-                raise _injected_error(failure.code)
+                raise _injected_error(failure.code, failure.retry_after)
             if api.token is not None:
                 auth = self.headers.get("Authorization", "")
                 if auth != f"Bearer {api.token}":
@@ -2409,34 +2423,30 @@ def _forbidden(a: RequestAttributes) -> ApiError:
     return ApiError(403, "Forbidden", f"{head} is forbidden: {why}", details)
 
 
-def _injected_error(code: int) -> ApiError:
-    if code == 429:
-        return ApiError(
-            429,
-            "TooManyRequests",
-            "Too many requests, please try again later.",
-            {"retryAfterSeconds": 1},
-            headers={"Retry-After": "1"},
-        )
-    if code == 503:
-        return ApiError(
-            503,
-            "ServiceUnavailable",
-            "the server is currently unable to handle the request (injected)",
-        )
-    if code == 504:
-        return ApiError(
-            504,
-            "Timeout",
-            "Timeout: request did not complete (injected)",
-            {"retryAfterSeconds": 1},
-            headers={"Retry-After": "1"},
-        )
-    if code == 410:
-        return expired("injected: too old resource version")
-    return ApiError(
-        code,
-        "InternalError",
-        "Internal error occurred: injected failure",
-        {"causes": [{"message": "injected failure"}]},
+def _injected_error(code: int, retry_after: int | None) -> ApiError:
+    reasons = {
+        400: "BadRequest",
+        401: "Unauthorized",
+        403: "Forbidden",
+        404: "NotFound",
+        409: "Conflict",
+        410: "Expired",
+        429: "TooManyRequests",
+        503: "ServiceUnavailable",
+        504: "Timeout",
+    }
+    reason = reasons.get(code, "InternalError")
+    message = {
+        429: "Too many requests, please try again later.",
+        503: "the server is currently unable to handle the request",
+        504: "Timeout: request did not complete within the allowed duration",
+        500: "Internal error occurred: injected failure",
+    }.get(code, f"injected failure ({code})")
+    details: JSONDict | None = (
+        {"causes": [{"message": "injected failure"}]} if code == 500 else None
     )
+    headers: dict[str, str] = {}
+    if retry_after is not None:
+        details = {**(details or {}), "retryAfterSeconds": retry_after}
+        headers["Retry-After"] = str(retry_after)
+    return ApiError(code, reason, message, details, headers=headers)

@@ -1,0 +1,214 @@
+"""iptables mode: sync times and memory at 1,000 and 10,000 Services x 10 endpoints.
+
+Prints, for each size, in one run (root; everything happens in a throw-away network namespace):
+* floor: `iptables-restore --noflush` alone loading the full ruleset into an empty namespace;
+* `kubeplex run --once` as a whole (process start, manifest load, render, restore), and its
+  ratio to the floor (target <= 1.25 at 1,000 Services);
+* in-process full render time (target < 1 s at 10,000), and a one-endpoint partial sync
+  (render + restore, target < 50 ms at 10,000);
+* peak RSS of the `run --once` process (should grow linearly with the cluster).
+
+Usage: python bench/iptables_sync.py [--sizes 1000,10000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kubeplex.core.backend import BackendContext
+from kubeplex.core.cluster import ClusterState
+from kubeplex.core.config import parse_config
+from kubeplex.core.proxier import Proxier
+from kubeplex.core.sources.manifests import ManifestSource
+
+from kubeplex.backends.iptables import IptablesBackend
+
+NODE = "bench-node"
+CONFIG = f"""apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+clusterCIDR: 10.128.0.0/9
+hostnameOverride: {NODE}
+"""
+
+
+def endpoint_ip(k: int) -> str:
+    base = (10 << 24) | (128 << 16)
+    v = base + k + 2
+    return ".".join(str((v >> s) & 255) for s in (24, 16, 8, 0))
+
+
+def cluster(n: int, endpoints: int = 10, version: int = 0) -> list[dict[str, Any]]:
+    objs: list[dict[str, Any]] = []
+    for i in range(n):
+        name = f"svc-{i}"
+        ip = f"10.96.{i // 250}.{i % 250 + 1}"
+        objs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": name, "namespace": "bench"},
+                "spec": {"clusterIP": ip, "ports": [{"port": 80, "protocol": "TCP"}]},
+            }
+        )
+        eps = []
+        for j in range(endpoints):
+            k = i * endpoints + j
+            eps.append(
+                {
+                    "addresses": [endpoint_ip(k + (version if i == 0 and j == 0 else 0) * 7919 * 1000)],
+                    "conditions": {"ready": True},
+                    "nodeName": NODE if j % 2 == 0 else "other",
+                }
+            )
+        objs.append(
+            {
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
+                "metadata": {
+                    "name": f"{name}-abcde",
+                    "namespace": "bench",
+                    "labels": {"kubernetes.io/service-name": name},
+                },
+                "addressType": "IPv4",
+                "ports": [{"name": "", "port": 8080, "protocol": "TCP"}],
+                "endpoints": eps,
+            }
+        )
+    return objs
+
+
+class Netns:
+    def __init__(self) -> None:
+        self.name = f"kpxbench{uuid.uuid4().hex[:8]}"
+
+    def __enter__(self) -> str:
+        subprocess.run(["ip", "netns", "add", self.name], check=True)
+        return self.name
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(["ip", "netns", "del", self.name], check=False)
+
+
+def timed(argv: list[str], input: str | None = None) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, input=input, text=True, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def kubeplex_cmd() -> list[str]:
+    return [sys.executable, "-m", "kubeplex.core.cli"]
+
+
+def bench_size(n: int, repeat: int, work: Path) -> dict[str, float]:
+    folder = work / f"m{n}"
+    folder.mkdir()
+    (folder / "cluster.json").write_text(json.dumps({"kind": "List", "items": cluster(n)}))
+    config = work / "config.yaml"
+    config.write_text(CONFIG)
+    cfg = parse_config(CONFIG, "bench")
+
+    # The ruleset kubeplex would load, as iptables-restore input (IPv4 only, like the floor).
+    state = ClusterState(NODE)
+    ManifestSource(folder, state).load()
+    backend = IptablesBackend(BackendContext(cfg, NODE, families=state.families[:1]))
+    t0 = time.perf_counter()
+    rendered = backend.render(state.checkout(full=True))
+    full_render = time.perf_counter() - t0
+    ruleset = rendered.plans[0].restore_input()
+    rules = ruleset.count("\n-A ")
+
+    floors, runs = [], []
+    for _ in range(repeat):
+        with Netns() as ns:
+            # The ruleset's nfacct matches need their counters, as kubeplex creates them.
+            for counter in ("localhost_nps_accepted_pkts", "ct_state_invalid_dropped_pkts"):
+                subprocess.run(["ip", "netns", "exec", ns, "nfacct", "add", counter], check=True)
+            floors.append(timed(["ip", "netns", "exec", ns, "iptables-restore", "--noflush", "--wait", "5"], ruleset))
+        with Netns() as ns:
+            runs.append(
+                timed(
+                    [
+                        *kubeplex_cmd(),
+                        "run",
+                        "--config",
+                        str(config),
+                        "--manifests",
+                        str(folder),
+                        "--once",
+                        "--netns",
+                        ns,
+                    ]
+                )
+            )
+    rss_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+
+    # Partial sync: program a namespace in-process, then change one endpoint of one Service.
+    with Netns() as ns:
+        state = ClusterState(NODE, families=state.families[:1])
+        source = ManifestSource(folder, state)
+        source.load()
+        backend = IptablesBackend(BackendContext(cfg, NODE, families=state.families, netns=ns))
+        backend.prepare()
+        proxier = Proxier(state, backend)
+        assert proxier.sync(full=True)
+        partials, partial_renders = [], []
+        for version in range(1, repeat + 2):
+            changed = cluster(1, version=version)[1]
+            state.set_endpoint_slice(changed)
+            t0 = time.perf_counter()
+            snapshot = state.checkout()
+            r = backend.render(snapshot)
+            t1 = time.perf_counter()
+            backend.apply(r)
+            t2 = time.perf_counter()
+            assert not r.full
+            partial_renders.append(t1 - t0)
+            partials.append(t2 - t0)
+    return {
+        "services": n,
+        "rules": rules,
+        "floor_s": statistics.median(floors),
+        "run_once_s": statistics.median(runs),
+        "ratio": statistics.median(runs) / statistics.median(floors),
+        "full_render_s": full_render,
+        "partial_sync_ms": statistics.median(partials) * 1000,
+        "partial_render_ms": statistics.median(partial_renders) * 1000,
+        "peak_rss_mb": rss_kb / 1024,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", default="1000,10000")
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("needs root (network namespaces)")
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (int(s) for s in args.sizes.split(",")):
+            r = bench_size(n, args.repeat, Path(tmp))
+            print(
+                f"{r['services']:>6} services {r['rules']:>7} rules | restore floor {r['floor_s']:.3f} s"
+                f" | run --once {r['run_once_s']:.3f} s (x{r['ratio']:.2f})"
+                f" | full render {r['full_render_s']:.3f} s"
+                f" | 1-endpoint partial sync {r['partial_sync_ms']:.1f} ms"
+                f" (render {r['partial_render_ms']:.1f} ms)"
+                f" | peak RSS {r['peak_rss_mb']:.0f} MB",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
