@@ -1813,10 +1813,6 @@ def _accepts_json(accept: str | None) -> bool:
     return False
 
 
-class _Drop(Exception):
-    """Internal: abort the connection without a (complete) response."""
-
-
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 300  # idle keep-alive connections are closed after this
@@ -1876,9 +1872,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_json(self, code: int, obj: Any, headers: Mapping[str, str] | None = None) -> None:
         data = json.dumps(obj, separators=(",", ":")).encode()
+        self._set_status(code)
         self._send_bytes(code, data, "application/json", headers)
+
+    def _set_status(self, code: int) -> None:
+        # recorded before the response is written, so a test that saw the response sees it
         if self._rec is not None:
-            self._rec.status = code
+            with self.server.api._cond:
+                self._rec.status = code
+                self.server.api._cond.notify_all()
 
     def _send_error(self, err: ApiError) -> None:
         self._send_json(err.code, err.status(), err.headers)
@@ -1985,7 +1987,7 @@ class _Handler(BaseHTTPRequestHandler):
             failure = api._take_failure(rec)
             if failure is not None:
                 if failure.reset:
-                    rec.status = 0
+                    self._set_status(0)
                     self._reset()
                     return
                 raise _injected_error(failure.code, failure.retry_after)
@@ -1999,17 +2001,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._serve_resource(info, params, body, raw_body)
         except ApiError as err:
             self._send_error(err)
-        except _Drop:
-            self.close_connection = True
         except OSError:
             self.close_connection = True
 
     def _serve_nonresource(self, path: str) -> None:
         api = self.server.api
         if path in ("/healthz", "/livez", "/readyz"):
+            self._set_status(200)
             self._send_bytes(200, b"ok", "text/plain; charset=utf-8")
-            if self._rec:
-                self._rec.status = 200
             return
         if self.command != "GET":
             raise ApiError(
@@ -2325,14 +2324,13 @@ class _Handler(BaseHTTPRequestHandler):
             except ValueError:
                 raise bad_request("invalid timeoutSeconds") from None
         w, initial = api._open_watch(rt, ns, params)
+        self._set_status(200)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.send_header("Cache-Control", "no-cache, private")
         self.send_header("Audit-Id", str(uuid.uuid4()))
         self.end_headers()
-        if self._rec:
-            self._rec.status = 200
         self.close_connection = True
         if w is None:
             for ev in initial:
