@@ -78,12 +78,12 @@ class ClusterState:
             return
         self._invalid.pop(key, None)
         with self._lock:
-            self._notify(any(t.services.update(svc.key, svc) for t in self._all()))
+            self._notify(any([t.services.update(svc.key, svc) for t in self._all()]))
 
     def delete_service(self, namespace: str, name: str) -> None:
         self._invalid.pop(f"Service {namespace}/{name}", None)
         with self._lock:
-            self._notify(any(t.services.update(f"{namespace}/{name}", None) for t in self._all()))
+            self._notify(any([t.services.update(f"{namespace}/{name}", None) for t in self._all()]))
 
     def set_endpoint_slice(self, obj: Mapping[str, Any], origin: str = "") -> None:
         key = "EndpointSlice " + _key_of(obj)
@@ -100,14 +100,14 @@ class ClusterState:
                 for t in self._all():
                     t.endpoints.update(old, removed=True)
             self._slices[es.key] = es
-            self._notify(any(t.endpoints.update(es) for t in self._all()))
+            self._notify(any([t.endpoints.update(es) for t in self._all()]))
 
     def delete_endpoint_slice(self, namespace: str, name: str) -> None:
         self._invalid.pop(f"EndpointSlice {namespace}/{name}", None)
         with self._lock:
             old = self._slices.pop(f"{namespace}/{name}", None)
             if old is not None:
-                self._notify(any(t.endpoints.update(old, removed=True) for t in self._all()))
+                self._notify(any([t.endpoints.update(old, removed=True) for t in self._all()]))
 
     def set_node(self, obj: Mapping[str, Any], origin: str = "") -> None:
         try:

@@ -61,7 +61,11 @@ class SyncRunner:
         if full:
             self._last_full = self._last_start
         self.syncs += 1
-        ok = self._sync(full)
+        try:
+            ok = self._sync(full)
+        except Exception:  # a bug in one sync must not end the loop: retry it
+            log.exception("sync raised")
+            ok = False
         if not ok:
             self.failures += 1
         return ok
@@ -88,6 +92,8 @@ class SyncRunner:
 
         def attempt() -> bool:
             nonlocal first
+            if not first and self._stop.is_set():
+                return False  # stopped during the backoff: no more syncs
             # Every retry is full: the failed apply may have left the backend unsure.
             result = self._run_once(full or not first)
             first = False

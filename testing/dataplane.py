@@ -301,6 +301,9 @@ class NodeAgent:
         self.node = node
         self.mode = mode
         self.netns = lab.namespace_of(node)
+        if mode not in plugins.available():
+            installed = ", ".join(sorted(plugins.available())) or "none"
+            raise DataplaneUnavailable(f"mode {mode!r}: no backend installed ({installed})")
         base = config if config is not None else lab_config(mode)
         # Re-defaulted for the mode (e.g. nftables' nodePortAddresses), as --proxy-mode does.
         self.config = with_overrides(
@@ -389,7 +392,10 @@ class NodeAgent:
         return str(self.proxier.status.last_error)
 
     def cleanup(self) -> None:
-        """Remove everything the backend programmed on this node (``kubeplex cleanup``)."""
+        """Remove everything the backend programmed on this node (``kubeplex cleanup``).
+
+        The agent keeps its objects; ``sync(full=True)`` programs them all again.
+        """
         self.backend.cleanup()
 
 

@@ -9,6 +9,7 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
+
 from kubeplex.testing.netlab import DEFAULT_SPEC, Lab, reap_stale, unique_prefix
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kubeplex.core.config import (
     API_VERSION,
     DEFAULT_KNOWN_MODES,

@@ -7,6 +7,7 @@ import os
 import subprocess
 
 import pytest
+
 from kubeplex.testing.netlab import (
     CLIENT_POD,
     EXTERNAL,

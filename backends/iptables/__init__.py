@@ -135,7 +135,7 @@ class IptablesBackend(Backend):
                 for chain in saved.chains.get("nat", set()):
                     if names.is_service_chain(chain) and chain not in plan.nat_wanted:
                         plan.delete.add(chain)
-                extra = prelude(saved)
+                extra = prelude(saved, {"filter": set(plan.filter), "nat": set(plan.nat)})
                 if plan.family is IPFamily.IPv4 and renderer.settings.localhost_node_ports:
                     # Localhost NodePorts need martian 127/8 destinations to be routable.
                     kernel.sysctl("net.ipv4.conf.all.route_localnet", "1")

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from kubeplex.backends.iptables import names
+from kubeplex.backends.iptables.rules import KUBELET_FIREWALL
 from kubeplex.core import execer
 from kubeplex.core.model import IPFamily
 
@@ -66,6 +67,9 @@ JUMPS = (
     ("nat", "OUTPUT", "kubernetes service portals", "", names.SERVICES),
     ("nat", "PREROUTING", "kubernetes service portals", "", names.SERVICES),
     ("nat", "POSTROUTING", "kubernetes postrouting rules", "", names.POSTROUTING),
+    # Shared with kubelet, which may have made them already: plain jumps without a comment.
+    ("filter", "INPUT", "", "", KUBELET_FIREWALL),
+    ("filter", "OUTPUT", "", "", KUBELET_FIREWALL),
 )
 CANARY_TABLES = ("mangle", "nat", "filter")
 
@@ -97,6 +101,8 @@ class SavedRuleset:
 
     def has_jump(self, table: str, chain: str, comment: str, target: str) -> bool:
         head = f"-A {chain} "
+        if not comment:
+            return f"{head}-j {target}" in self.rules.get(table, [])
         return any(
             r.startswith(head) and f'"{comment}"' in r and r.endswith(f"-j {target}")
             for r in self.rules.get(table, [])
@@ -136,16 +142,20 @@ class IptablesKernel:
         return frozenset(have)
 
 
-def prelude(saved: SavedRuleset) -> dict[str, list[str]]:
-    """Lines that create missing canary chains and jump rules, in upstream's effective order."""
+def prelude(saved: SavedRuleset, planned: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Lines that create missing canary chains and jump rules, in upstream's effective order.
+
+    ``planned`` are the chains the restore declares, per table: a jump is only written to a
+    chain that exists or is about to.
+    """
     out: dict[str, list[str]] = {}
     for table in CANARY_TABLES:
         if names.CANARY not in saved.chains.get(table, set()):
             out.setdefault(table, []).append(f":{names.CANARY} - [0:0]")
     for table, chain, comment, extra, target in JUMPS:
-        if not saved.has_jump(table, chain, comment, target):
+        exists = target in saved.chains.get(table, set()) | planned.get(table, set())
+        if exists and not saved.has_jump(table, chain, comment, target):
             match = f"{extra} " if extra else ""
-            out.setdefault(table, []).append(
-                f'-I {chain} 1 {match}-m comment --comment "{comment}" -j {target}'
-            )
+            note = f'-m comment --comment "{comment}" ' if comment else ""
+            out.setdefault(table, []).append(f"-I {chain} 1 {match}{note}-j {target}")
     return out

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from kubeplex.backends.iptables import names
 from kubeplex.backends.iptables.rules import (
+    KUBELET_FIREWALL,
     LARGE_CLUSTER_ENDPOINTS,
     FamilySettings,
     ServiceRules,
@@ -168,6 +169,10 @@ class FamilyRenderer:
             names.NODEPORTS: tuple(r for f in ordered for r in f.filter_nodeports),
             names.PROXY_FIREWALL: tuple(r for f in ordered for r in f.filter_firewall),
         }
+        # Declared after the fixed chains, as upstream does; never deleted (kubelet shares it).
+        kubelet_firewall = static.get(("filter", KUBELET_FIREWALL))
+        if kubelet_firewall is not None:
+            filter_wanted[KUBELET_FIREWALL] = tuple(kubelet_firewall)
         nat_wanted: Chains = {
             names.SERVICES: tuple(
                 [r for f in ordered for r in f.nat_services] + nodeports_jump(self.settings)
@@ -190,7 +195,9 @@ class FamilyRenderer:
                 nat_wanted
             )
         else:
-            plan.filter = {c: r for c, r in filter_wanted.items() if self.applied_filter.get(c) != r}
+            plan.filter = {
+                c: r for c, r in filter_wanted.items() if self.applied_filter.get(c) != r
+            }
             plan.nat = {c: r for c, r in nat_wanted.items() if self.applied_nat.get(c) != r}
             nat_wanted = {**self.applied_nat, **nat_wanted}
             for spn in changed:
@@ -202,7 +209,7 @@ class FamilyRenderer:
                     nat_wanted[chain] = t
                     if self.applied_nat.get(chain) != t:
                         plan.nat[chain] = t
-                for chain in (old.chains if old is not None else {}):
+                for chain in old.chains if old is not None else {}:
                     if chain not in new_chains:
                         plan.delete.add(chain)
                         nat_wanted.pop(chain, None)

@@ -23,9 +23,16 @@ NFACCT_INVALID_DROPPED = "ct_state_invalid_dropped_pkts"
 
 LARGE_CLUSTER_ENDPOINTS = 1000
 
+#: kubelet's anti-martian chain; upstream kube-proxy writes an identical copy of its one rule
+#: (IPv4 with localhost NodePorts only) and, like kubelet, never deletes the chain.
+KUBELET_FIREWALL = "KUBE-FIREWALL"
+
 # What may appear inside a quoted comment: the core validates names already; this is the
-# last line of defence against a quote or newline reaching iptables-restore.
-_COMMENT_SAFE = re.compile(r"^[A-Za-z0-9 ./:_\-\[\]>]*$")
+# last line of defence against a quote or newline reaching iptables-restore. (\Z, not $:
+# "$" also matches before a trailing newline.)
+_COMMENT_SAFE = re.compile(r"^[A-Za-z0-9 ./:_\-\[\]>]*\Z")
+#: One argument (a CIDR, an interface name or a "name+" prefix): no blank, quote or control.
+_WORD_SAFE = re.compile(r"^[A-Za-z0-9./:_@+\-]+\Z")
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,7 @@ class FamilySettings:
     family: IPFamily
     masquerade_mark: str
     masquerade_all: bool = False
-    local: LocalDetector = LocalDetector()
+    local: LocalDetector = field(default_factory=LocalDetector)
     localhost_node_ports: bool = True
     #: None: NodePorts on every local address; else these node addresses only.
     node_port_ips: tuple[str, ...] | None = None
@@ -55,6 +62,10 @@ class FamilySettings:
 
 def _detector_args(det: LocalDetector, negate: bool) -> str:
     bang = "! " if negate else ""
+    # The value comes from the configuration (an interface name or prefix) or a Node's pod
+    # CIDR; a space or quote in it would add arguments to the rule.
+    if not _WORD_SAFE.match(det.value):
+        raise BackendError(f"refusing to match local traffic on {det.value!r}: unsafe characters")
     if det.kind == "cidr":
         return f"{bang}-s {det.value}"
     return f"{bang}-i {det.value}"
@@ -64,6 +75,20 @@ def comment(text: str) -> str:
     if not _COMMENT_SAFE.match(text):
         raise BackendError(f"refusing to write comment {text!r}: unsafe characters")
     return f'-m comment --comment "{text}"'
+
+
+def bare_comment(text: str) -> str:
+    """A one-word comment, unquoted: upstream writes the bare service port name in KUBE-SEP-*
+    and KUBE-NODEPORTS rules (``--comment ns/svc:port``)."""
+    if not text or " " in text or not _COMMENT_SAFE.match(text):
+        raise BackendError(f"refusing to write comment {text!r}: unsafe characters")
+    return f"-m comment --comment {text}"
+
+
+def go_hex_mark(mark: str) -> str:
+    """A mark as upstream spells it, ``fmt.Sprintf("%#08x", v)``: Go pads the digits (not the
+    "0x") to 8, so 1<<14 is ``0x00004000`` where Python's ``f"{v:#08x}"`` gives ``0x004000``."""
+    return f"0x{int(mark, 16):08x}"
 
 
 def probability(n: int) -> str:
@@ -190,12 +215,12 @@ def service_rules(
                 and NFACCT_LOCALHOST_NODEPORTS in s.nfacct_counters
             ):
                 out.nat_nodeports.append(
-                    f"-A {names.NODEPORTS} {comment(name)} {match} -d 127.0.0.0/8"
+                    f"-A {names.NODEPORTS} {bare_comment(name)} {match} -d 127.0.0.0/8"
                     f" --dport {svc.node_port} -m nfacct --nfacct-name {NFACCT_LOCALHOST_NODEPORTS}"
                     f" -j {external_chain}"
                 )
             out.nat_nodeports.append(
-                f"-A {names.NODEPORTS} {comment(name)} {match} --dport {svc.node_port}"
+                f"-A {names.NODEPORTS} {bare_comment(name)} {match} --dport {svc.node_port}"
                 f" -j {external_chain}"
             )
         if not has_external:
@@ -229,17 +254,13 @@ def service_rules(
         ext = chains.setdefault(external_chain, [])
         if not svc.external_policy_local:
             # Endpoints may be on other nodes: masquerade so replies come back through here.
-            ext.append(
-                f"-A {external_chain} {comment(f'masquerade traffic for {name} external destinations')}"
-                f" -j {names.MARK_MASQ}"
-            )
+            masq = comment(f"masquerade traffic for {name} external destinations")
+            ext.append(f"-A {external_chain} {masq} -j {names.MARK_MASQ}")
         else:
             if s.local.implemented:
                 # Pod traffic to an external address acts as if it went out and came back in.
-                ext.append(
-                    f"-A {external_chain} {comment(f'pod traffic for {name} external destinations')}"
-                    f" {s.if_local()} -j {cluster_chain}"
-                )
+                pods = comment(f"pod traffic for {name} external destinations")
+                ext.append(f"-A {external_chain} {pods} {s.if_local()} -j {cluster_chain}")
             # The node's own traffic has a local source address: it needs masquerade.
             ext.append(
                 f"-A {external_chain}"
@@ -262,14 +283,20 @@ def service_rules(
         for cidr in svc.load_balancer_source_ranges:
             fw.append(f"{head} -s {cidr} -j {external_chain}")
             net = ipaddress.ip_network(cidr)
+            # Upstream checks its one node IP of this family (the first), not every address.
             allow_from_node = allow_from_node or any(
-                ipaddress.ip_address(ip) in net for ip in s.node_ips
+                ipaddress.ip_address(ip) in net for ip in s.node_ips[:1]
             )
         if allow_from_node:
             # A node's request to a VIP that is also local comes back with the VIP as source.
             for ip in svc.load_balancer_vips:
                 fw.append(f"{head} -s {ip} -j {external_chain}")
         # What falls off the end of this chain was not DNATed: KUBE-PROXY-FIREWALL drops it.
+        # Upstream ends the chain with a rule that is only this comment.
+        fw.append(
+            f"-A {fw_chain}"
+            f" {comment(f'other traffic to {name} will be dropped by {names.PROXY_FIREWALL}')}"
+        )
 
     if uses_cluster_chain:
         chains.setdefault(cluster_chain, []).extend(
@@ -281,7 +308,7 @@ def service_rules(
         )
 
     # Per-endpoint chains: hairpin masquerade, affinity bookkeeping, DNAT.
-    svc_comment = "" if large_cluster else f" {comment(name)}"
+    svc_comment = "" if large_cluster else f" {bare_comment(name)}"
     for ep in cat.reachable:
         chain = ep_chains[ep.address]
         rules = chains.setdefault(chain, [])
@@ -313,14 +340,16 @@ def _service_to_endpoints(
     n = len(endpoints)
     for i, ep in enumerate(endpoints):
         c = "" if large_cluster else f" {comment(f'{name} -> {ep.address}')}"
-        stat = f" -m statistic --mode random --probability {probability(n - i)}" if i < n - 1 else ""
+        stat = ""
+        if i < n - 1:
+            stat = f" -m statistic --mode random --probability {probability(n - i)}"
         rules.append(f"-A {chain}{c}{stat} -j {ep_chains[ep.address]}")
     return rules
 
 
 def static_rules(s: FamilySettings) -> dict[tuple[str, str], list[str]]:
     """Rules of the fixed chains that do not depend on services, by (table, chain)."""
-    mark = s.masquerade_mark
+    mark = go_hex_mark(s.masquerade_mark)
     forward = []
     if not s.conntrack_tcp_liberal:
         # Drop INVALID packets, which would otherwise reset long-lived connections (kernels < 6.1).
@@ -336,12 +365,22 @@ def static_rules(s: FamilySettings) -> dict[tuple[str, str], list[str]]:
         f'-A {names.FORWARD} -m comment --comment "kubernetes forwarding conntrack rule"'
         " -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
     ]
-    return {
+    rules: dict[tuple[str, str], list[str]] = {}
+    if not s.ipv6 and s.localhost_node_ports:
+        # route_localnet makes 127/8 routable; this blocks what would otherwise reach it from
+        # outside (issue 90259). kubelet creates the identical rule.
+        rules[("filter", KUBELET_FIREWALL)] = [
+            f'-A {KUBELET_FIREWALL} -m comment --comment "block incoming localnet connections"'
+            " -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT"
+            " -j DROP"
+        ]
+    return rules | {
         ("filter", names.FORWARD): forward,
         ("nat", names.POSTROUTING): [
             f"-A {names.POSTROUTING} -m mark ! --mark {mark}/{mark} -j RETURN",
             f"-A {names.POSTROUTING} -j MARK --xor-mark {mark}",
-            f'-A {names.POSTROUTING} -m comment --comment "kubernetes service traffic requiring SNAT"'
+            f"-A {names.POSTROUTING}"
+            ' -m comment --comment "kubernetes service traffic requiring SNAT"'
             " -j MASQUERADE --random-fully",
         ],
         ("nat", names.MARK_MASQ): [f"-A {names.MARK_MASQ} -j MARK --or-mark {mark}"],
@@ -350,7 +389,10 @@ def static_rules(s: FamilySettings) -> dict[tuple[str, str], list[str]]:
 
 def nodeports_jump(s: FamilySettings) -> list[str]:
     """The tail of nat KUBE-SERVICES: local destinations go on to KUBE-NODEPORTS."""
-    text = '-m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain"'
+    text = (
+        '-m comment --comment "kubernetes service nodeports;'
+        ' NOTE: this must be the last rule in this chain"'
+    )
     if s.node_port_ips is None:
         dest = "-m addrtype --dst-type LOCAL"
         # Localhost NodePorts never work on IPv6; on IPv4 only with route_localnet.
