@@ -26,13 +26,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from kubeplex.backends.iptables import IptablesBackend
 from kubeplex.core.backend import BackendContext
 from kubeplex.core.cluster import ClusterState
 from kubeplex.core.config import parse_config
 from kubeplex.core.proxier import Proxier
 from kubeplex.core.sources.manifests import ManifestSource
-
-from kubeplex.backends.iptables import IptablesBackend
 
 NODE = "bench-node"
 CONFIG = f"""apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -67,7 +66,7 @@ def cluster(n: int, endpoints: int = 10, version: int = 0) -> list[dict[str, Any
             k = i * endpoints + j
             eps.append(
                 {
-                    "addresses": [endpoint_ip(k + (version if i == 0 and j == 0 else 0) * 7919 * 1000)],
+                    "addresses": [endpoint_ip(k + (version if k == 0 else 0) * 7_919_000)],
                     "conditions": {"ready": True},
                     "nodeName": NODE if j % 2 == 0 else "other",
                 }
@@ -135,7 +134,12 @@ def bench_size(n: int, repeat: int, work: Path) -> dict[str, float]:
             # The ruleset's nfacct matches need their counters, as kubeplex creates them.
             for counter in ("localhost_nps_accepted_pkts", "ct_state_invalid_dropped_pkts"):
                 subprocess.run(["ip", "netns", "exec", ns, "nfacct", "add", counter], check=True)
-            floors.append(timed(["ip", "netns", "exec", ns, "iptables-restore", "--noflush", "--wait", "5"], ruleset))
+            floors.append(
+                timed(
+                    ["ip", "netns", "exec", ns, "iptables-restore", "--noflush", "--wait", "5"],
+                    ruleset,
+                )
+            )
         with Netns() as ns:
             runs.append(
                 timed(
@@ -200,7 +204,8 @@ def main() -> None:
         for n in (int(s) for s in args.sizes.split(",")):
             r = bench_size(n, args.repeat, Path(tmp))
             print(
-                f"{r['services']:>6} services {r['rules']:>7} rules | restore floor {r['floor_s']:.3f} s"
+                f"{r['services']:>6} services {r['rules']:>7} rules"
+                f" | restore floor {r['floor_s']:.3f} s"
                 f" | run --once {r['run_once_s']:.3f} s (x{r['ratio']:.2f})"
                 f" | full render {r['full_render_s']:.3f} s"
                 f" | 1-endpoint partial sync {r['partial_sync_ms']:.1f} ms"
