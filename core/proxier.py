@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from kubeplex.core.backend import Backend, SyncResult
@@ -43,13 +45,18 @@ class Proxier:
         started = time.monotonic()
         self.status.last_attempt = time.time()
         try:
-            result = self.backend.sync(state)
+            with _collector_paused():
+                result = self.backend.sync(state)
         except KubeplexError as err:
             return self._failed(str(err))
         except Exception as err:  # a plugin bug must not take the daemon down
             log.exception("backend %s crashed during sync", self.backend.mode)
             return self._failed(f"backend {self.backend.mode} crashed: {err!r}")
         elapsed = time.monotonic() - started
+        if result.full:
+            # The graph and the render caches live until the next full sync: keep the cyclic
+            # collector from scanning them again and again (they hold no cycles).
+            gc.freeze()
         self._need_full = False
         self.status.last_success = time.time()
         self.status.last_error = ""
@@ -71,3 +78,15 @@ class Proxier:
         self.status.last_error = message
         self.status.failures += 1
         return False
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """A render allocates hundreds of thousands of strings: no collector passes meanwhile."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

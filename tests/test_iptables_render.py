@@ -848,11 +848,6 @@ def test_upstream_only_local_nodeports_without_cluster_cidr() -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="backends/iptables/__init__.py keeps localhostNodePorts on when nodePortAddresses"
-    " holds no IPv4 loopback CIDR; upstream NewProxier turns it off",
-)
 def test_node_port_addresses_without_loopback_disable_localhost_nodeports() -> None:
     cfg = {**UPSTREAM, "nodePortAddresses": ["192.168.0.0/24"]}
     rendered = render(only_local_objects(), cfg, nfacct=True)

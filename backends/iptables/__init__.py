@@ -56,6 +56,17 @@ def node_port_ips(
     return tuple(dict.fromkeys(ips))
 
 
+def admits_loopback(addresses: tuple[str, ...]) -> bool:
+    """Upstream's ContainsIPv4Loopback: a nodePortAddresses CIDR holding 127.0.0.1."""
+    loopback = ipaddress.ip_address("127.0.0.1")
+    return any(
+        a != "primary"
+        and family_of(a) is IPFamily.IPv4
+        and loopback in ipaddress.ip_network(a, strict=False)
+        for a in addresses
+    )
+
+
 class IptablesBackend(Backend):
     mode = "iptables"
     capabilities = frozenset(
@@ -68,23 +79,30 @@ class IptablesBackend(Backend):
         self._renderers: dict[IPFamily, FamilyRenderer] = {}
         self._node: NodeInfo | None = None
         self._kernels = {f: IptablesKernel(f, ctx.netns) for f in ctx.families}
-        #: nfacct counters known to exist; until prepare() runs, assume what the tool allows.
-        self._nfacct = frozenset(NFACCT_COUNTERS) if shutil.which("nfacct") else frozenset()
+        #: nfacct counters: assumed present (any current kernel has nfacct) until prepare()
+        #: finds out, so a render does not depend on the machine it runs on.
+        self._nfacct = frozenset(NFACCT_COUNTERS)
+        #: The node's interface addresses (prepare() reads them); until then the Node's own.
+        self._host_addresses: tuple[str, ...] | None = None
         self._prepared = False
 
     # --- render -----------------------------------------------------------------------------
 
     def settings(self, family: IPFamily, node: NodeInfo) -> FamilySettings:
         cfg = self.ctx.config
-        addresses = node.addresses
+        addresses = self._host_addresses if self._host_addresses is not None else node.addresses
+        npa = tuple(cfg.node_port_addresses)
+        ports_ips = node_port_ips(npa, node, family, addresses)
         return FamilySettings(
             family=family,
             masquerade_mark=f"{1 << cfg.iptables.masquerade_bit:#08x}",
             masquerade_all=cfg.iptables.masquerade_all,
             local=local_detector(cfg, node, family),
+            # As upstream: only IPv4, and only if nodePortAddresses admits 127.0.0.1 at all.
             localhost_node_ports=bool(cfg.iptables.localhost_node_ports)
-            and family is IPFamily.IPv4,
-            node_port_ips=node_port_ips(tuple(cfg.node_port_addresses), node, family, addresses),
+            and family is IPFamily.IPv4
+            and (ports_ips is None or admits_loopback(npa)),
+            node_port_ips=ports_ips,
             node_ips=node.addresses_of(family),
             nfacct_counters=self._nfacct,
             conntrack_tcp_liberal=cfg.conntrack.tcp_be_liberal,
@@ -119,6 +137,7 @@ class IptablesBackend(Backend):
         self._nfacct = (
             kernel.ensure_nfacct(NFACCT_COUNTERS) if shutil.which("nfacct") else frozenset()
         )
+        self._host_addresses = kernel.interface_addresses()
         self._prepared = True
 
     def apply(self, rendered: Rendered) -> SyncResult:
@@ -149,6 +168,9 @@ class IptablesBackend(Backend):
                 renderer.invalidate()
                 raise
             renderer.commit(plan)
+            if plan.full:
+                # NodePort addresses follow the interfaces; a change re-renders everything.
+                self._host_addresses = kernel.interface_addresses()
             counts["restores"] += 1
             counts["rules"] += sum(len(r) for r in plan.filter.values()) + sum(
                 len(r) for r in plan.nat.values()

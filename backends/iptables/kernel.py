@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
 from kubeplex.backends.iptables import names
 from kubeplex.backends.iptables.rules import KUBELET_FIREWALL
 from kubeplex.core import execer
-from kubeplex.core.model import IPFamily
+from kubeplex.core.model import IPFamily, normalize_ip
 
 #: (table, builtin chain, comment, extra match, target): upstream's jumps into our chains, in the
 #: order upstream ensures them; each is inserted at position 1 when missing.
@@ -127,6 +128,16 @@ class IptablesKernel:
             [self.restore_cmd, "--noflush", "--wait", str(self.restore_wait)],
             self.netns,
             input=text,
+        )
+
+    def interface_addresses(self) -> tuple[str, ...]:
+        """Every address on the node's interfaces (where NodePorts can be reached)."""
+        out = execer.run(["ip", "-j", "address", "show"], self.netns).stdout
+        return tuple(
+            normalize_ip(a["local"])
+            for link in json.loads(out or "[]")
+            for a in link.get("addr_info", [])
+            if "local" in a
         )
 
     def sysctl(self, key: str, value: str) -> None:

@@ -8,6 +8,7 @@ declared in the restore input keeps its rules and its counters.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -47,7 +48,7 @@ class FamilyPlan:
     full: bool
     filter: Chains = field(default_factory=dict)
     nat: Chains = field(default_factory=dict)
-    #: Every nat chain the ruleset needs after this sync, fixed and per-service.
+    #: Full plans only: every chain the ruleset needs after this sync, fixed and per-service.
     nat_wanted: Chains = field(default_factory=dict)
     filter_wanted: Chains = field(default_factory=dict)
     #: nat service chains to delete (found by the renderer; the apply step may add more).
@@ -105,8 +106,24 @@ class IptablesRendered(Rendered):
         return "".join(out)
 
 
+#: ServiceRules fields that feed the fixed chains, by (table, chain).
+SHARED = {
+    ("filter", names.SERVICES): "filter_services",
+    ("filter", names.EXTERNAL_SERVICES): "filter_external",
+    ("filter", names.NODEPORTS): "filter_nodeports",
+    ("filter", names.PROXY_FIREWALL): "filter_firewall",
+    ("nat", names.SERVICES): "nat_services",
+    ("nat", names.NODEPORTS): "nat_nodeports",
+}
+
+
 class FamilyRenderer:
-    """Render state for one IP family: cached per-service rules and what was last applied."""
+    """Render state for one IP family: cached per-service rules and what was last applied.
+
+    A partial render costs what the change costs: the shared chains are re-joined only when a
+    changed service's contribution to them changed, and the service order is kept sorted
+    incrementally.
+    """
 
     def __init__(self, settings: FamilySettings) -> None:
         self.settings = settings
@@ -117,6 +134,9 @@ class FamilyRenderer:
         #: Chains (and their rules) known to be in the kernel after the last successful apply.
         self.applied_filter: Chains = {}
         self.applied_nat: Chains = {}
+        self._order: list[ServicePortName] = []
+        self._shared: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._no_local = {"internal": 0, "external": 0}
 
     def invalidate(self) -> None:
         self.force_full = True
@@ -151,72 +171,103 @@ class FamilyRenderer:
                 if spn in old_fragments:  # keep the service's last good rules
                     self.fragments[spn] = old_fragments[spn]
         self.large_cluster = large
-        self._assemble(plan, todo if not full else None, old_fragments)
+        if full:
+            self._assemble_full(plan)
+        else:
+            self._assemble_partial(plan, changes.services, old_fragments)
         return plan
 
-    def _assemble(
-        self,
-        plan: FamilyPlan,
-        changed: Iterable[ServicePortName] | None,
-        old_fragments: Mapping[ServicePortName, ServiceRules],
-    ) -> None:
-        ordered = [self.fragments[spn] for spn in sorted(self.fragments)]
+    def _join(self, attr: str) -> tuple[str, ...]:
+        fragments = self.fragments
+        return tuple(r for spn in self._order for r in getattr(fragments[spn], attr))
+
+    def _fixed_chains(self) -> tuple[Chains, Chains]:
+        """The fixed chains' rules, from the cached joins and the static rules."""
         static = static_rules(self.settings)
-        filter_wanted: Chains = {
-            names.SERVICES: tuple(r for f in ordered for r in f.filter_services),
-            names.EXTERNAL_SERVICES: tuple(r for f in ordered for r in f.filter_external),
+        shared = self._shared
+        filter_chains: Chains = {
+            names.SERVICES: shared[("filter", names.SERVICES)],
+            names.EXTERNAL_SERVICES: shared[("filter", names.EXTERNAL_SERVICES)],
             names.FORWARD: tuple(static[("filter", names.FORWARD)]),
-            names.NODEPORTS: tuple(r for f in ordered for r in f.filter_nodeports),
-            names.PROXY_FIREWALL: tuple(r for f in ordered for r in f.filter_firewall),
+            names.NODEPORTS: shared[("filter", names.NODEPORTS)],
+            names.PROXY_FIREWALL: shared[("filter", names.PROXY_FIREWALL)],
         }
         # Declared after the fixed chains, as upstream does; never deleted (kubelet shares it).
         kubelet_firewall = static.get(("filter", KUBELET_FIREWALL))
         if kubelet_firewall is not None:
-            filter_wanted[KUBELET_FIREWALL] = tuple(kubelet_firewall)
-        nat_wanted: Chains = {
-            names.SERVICES: tuple(
-                [r for f in ordered for r in f.nat_services] + nodeports_jump(self.settings)
-            ),
-            names.NODEPORTS: tuple(r for f in ordered for r in f.nat_nodeports),
+            filter_chains[KUBELET_FIREWALL] = tuple(kubelet_firewall)
+        nat_chains: Chains = {
+            names.SERVICES: shared[("nat", names.SERVICES)] + tuple(nodeports_jump(self.settings)),
+            names.NODEPORTS: shared[("nat", names.NODEPORTS)],
             names.POSTROUTING: tuple(static[("nat", names.POSTROUTING)]),
             names.MARK_MASQ: tuple(static[("nat", names.MARK_MASQ)]),
         }
-        plan.no_local_endpoints = {
+        return filter_chains, nat_chains
+
+    def _assemble_full(self, plan: FamilyPlan) -> None:
+        self._order = sorted(self.fragments)
+        self._shared = {key: self._join(attr) for key, attr in SHARED.items()}
+        ordered = self.fragments.values()
+        self._no_local = {
             "internal": sum(f.no_local_endpoints_internal for f in ordered),
             "external": sum(f.no_local_endpoints_external for f in ordered),
         }
-        if changed is None:
-            for frag in ordered:
-                for chain, rules in frag.chains.items():
-                    nat_wanted[chain] = tuple(rules)
-            plan.filter = dict(filter_wanted)
-            plan.nat = dict(nat_wanted)
-            plan.delete = {c for c in self.applied_nat if names.is_service_chain(c)} - set(
-                nat_wanted
-            )
-        else:
-            plan.filter = {
-                c: r for c, r in filter_wanted.items() if self.applied_filter.get(c) != r
-            }
-            plan.nat = {c: r for c, r in nat_wanted.items() if self.applied_nat.get(c) != r}
-            nat_wanted = {**self.applied_nat, **nat_wanted}
-            for spn in changed:
-                old = old_fragments.get(spn)
-                new = self.fragments.get(spn)
-                new_chains = new.chains if new is not None else {}
-                for chain, rules in new_chains.items():
-                    t = tuple(rules)
-                    nat_wanted[chain] = t
-                    if self.applied_nat.get(chain) != t:
-                        plan.nat[chain] = t
-                for chain in old.chains if old is not None else {}:
-                    if chain not in new_chains:
-                        plan.delete.add(chain)
-                        nat_wanted.pop(chain, None)
-        plan.filter_wanted = filter_wanted
-        plan.nat_wanted = nat_wanted
+        plan.no_local_endpoints = dict(self._no_local)
+        filter_chains, nat_chains = self._fixed_chains()
+        for spn in self._order:
+            for chain, rules in self.fragments[spn].chains.items():
+                nat_chains[chain] = tuple(rules)
+        plan.filter = filter_chains
+        plan.nat = nat_chains
+        plan.filter_wanted = filter_chains
+        plan.nat_wanted = nat_chains
+        plan.delete = {c for c in self.applied_nat if names.is_service_chain(c)} - set(nat_chains)
+
+    def _assemble_partial(
+        self,
+        plan: FamilyPlan,
+        changed: Iterable[ServicePortName],
+        old_fragments: Mapping[ServicePortName, ServiceRules],
+    ) -> None:
+        dirty: set[tuple[str, str]] = set()
+        for spn in changed:
+            old = old_fragments.get(spn)
+            new = self.fragments.get(spn)
+            if (old is None) != (new is None):
+                if new is None:
+                    del self._order[bisect_left(self._order, spn)]
+                else:
+                    insort(self._order, spn)
+            for key, attr in SHARED.items():
+                if (getattr(old, attr) if old else []) != (getattr(new, attr) if new else []):
+                    dirty.add(key)
+            for which in ("internal", "external"):
+                attr = f"no_local_endpoints_{which}"
+                self._no_local[which] += int(bool(new and getattr(new, attr))) - int(
+                    bool(old and getattr(old, attr))
+                )
+            new_chains = new.chains if new is not None else {}
+            for chain, rules in new_chains.items():
+                t = tuple(rules)
+                if self.applied_nat.get(chain) != t:
+                    plan.nat[chain] = t
+            for chain in old.chains if old is not None else {}:
+                if chain not in new_chains:
+                    plan.delete.add(chain)
+        for key in dirty:
+            self._shared[key] = self._join(SHARED[key])
+        plan.no_local_endpoints = dict(self._no_local)
+        filter_chains, nat_chains = self._fixed_chains()
+        plan.filter = {c: r for c, r in filter_chains.items() if self.applied_filter.get(c) != r}
+        plan.nat.update({c: r for c, r in nat_chains.items() if self.applied_nat.get(c) != r})
 
     def commit(self, plan: FamilyPlan) -> None:
         """Record a successfully applied plan as the kernel's state."""
-        self.applied_filter = plan.filter_wanted
-        self.applied_nat = plan.nat_wanted
+        if plan.full:
+            self.applied_filter = dict(plan.filter_wanted)
+            self.applied_nat = dict(plan.nat_wanted)
+        else:
+            self.applied_filter.update(plan.filter)
+            self.applied_nat.update(plan.nat)
+        for chain in plan.delete:
+            self.applied_nat.pop(chain, None)
