@@ -148,8 +148,10 @@ class IptablesBackend(Backend):
             kernel = self._kernels[plan.family]
             renderer = self._renderers[plan.family]
             extra: dict[str, list[str]] = {}
+            existing = set(renderer.applied_nat)
             if plan.full:
                 saved = kernel.save()
+                existing = saved.chains.get("nat", set())
                 # Chains left by an earlier run (or process) that nothing needs any more.
                 for chain in saved.chains.get("nat", set()):
                     if names.is_service_chain(chain) and chain not in plan.nat_wanted:
@@ -161,9 +163,9 @@ class IptablesBackend(Backend):
             if plan.empty and not extra:
                 renderer.commit(plan)
                 continue
-            text = plan.restore_input(extra)
             try:
-                kernel.restore(text)
+                for text in plan.batches(extra, existing):
+                    kernel.restore(text)
             except BackendError:
                 renderer.invalidate()
                 raise
