@@ -19,6 +19,16 @@ Objects are plain API-form dicts (what the API server or a manifest holds); the 
 cover what the proxy reads: ClusterIP / NodePort / LoadBalancer Services, traffic policies,
 session affinity, protocols, and EndpointSlices with node names and conditions.
 
+Dual-stack: ``cluster(mode, ipv6=True)`` builds the dual-stack lab (``conformance_spec(
+ipv6=True)``), runs the agents for both families with ``clusterCIDR`` of both, and
+``endpoints(..., family=IPFamily.IPv6)`` gives the pods' IPv6 addresses::
+
+    with cluster("iptables", ipv6=True) as c:
+        c.set(
+            service("web", "10.96.88.59", 80, secondary_cluster_ip="fd00:96::59"),
+            endpoint_slice("web-v6", c.endpoints("web-a", family=IPFamily.IPv6), ...),
+        )
+
 Everything a cluster creates lives in the lab's namespaces and goes with them: ``cluster()``
 tears the lab down even when the body raises.
 """
@@ -46,7 +56,7 @@ from kubeplex.core.config import (
 )
 from kubeplex.core.errors import InvalidObject, KubeplexError
 from kubeplex.core.graph import ProxyState
-from kubeplex.core.model import IPFamily
+from kubeplex.core.model import IPFamily, family_of
 from kubeplex.core.proxier import Proxier
 from kubeplex.testing.netlab import (
     NODE2,
@@ -65,12 +75,19 @@ SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 CLUSTER_CIDR = "10.244.0.0/16"
+#: clusterCIDR of the dual-stack lab (its pod CIDRs are fd00:10:244:{1,2}::/64).
+CLUSTER_CIDR_DUAL_STACK = "10.244.0.0/16,fd00:10:244::/56"
+DUAL_STACK = (IPFamily.IPv4, IPFamily.IPv6)
 
 #: The fourth web pod of the conformance lab (for scaling from three endpoints to four).
 WEB_D = "web-d"
+WEB_D_IP = "10.244.2.4"
+WEB_D_IP6 = "fd00:10:244:2::4"
 
 __all__ = [
     "CLUSTER_CIDR",
+    "CLUSTER_CIDR_DUAL_STACK",
+    "DUAL_STACK",
     "WEB_D",
     "DataplaneCluster",
     "DataplaneError",
@@ -125,6 +142,8 @@ def service(
     load_balancer_ips: Sequence[str] = (),
     load_balancer_source_ranges: Sequence[str] = (),
     health_check_node_port: int | None = None,
+    secondary_cluster_ip: str | None = None,
+    ip_family_policy: str | None = None,
 ) -> dict[str, Any]:
     """A v1 Service with one port.
 
@@ -132,6 +151,10 @@ def service(
     ``load_balancer_ips`` become ``status.loadBalancer.ingress`` (ipMode VIP), as a cloud
     controller would write them. ``session_affinity="ClientIP"`` with ``affinity_timeout``
     (seconds) sets ``sessionAffinityConfig``.
+
+    ``secondary_cluster_ip`` (the other family's address) makes it dual-stack: ``clusterIPs``
+    holds both, ``ipFamilies`` follows them and ``ipFamilyPolicy`` is RequireDualStack unless
+    ``ip_family_policy`` says otherwise. An IPv6 ``cluster_ip`` alone gives ipFamilies [IPv6].
     """
     svc_port: dict[str, Any] = {
         "port": port,
@@ -142,12 +165,19 @@ def service(
         svc_port["name"] = port_name
     if node_port is not None:
         svc_port["nodePort"] = node_port
+    cluster_ips = (
+        [cluster_ip] if secondary_cluster_ip is None else [cluster_ip, secondary_cluster_ip]
+    )
     spec: dict[str, Any] = {
         "type": type,
         "clusterIP": cluster_ip,
-        "clusterIPs": [cluster_ip],
+        "clusterIPs": cluster_ips,
         "ports": [svc_port],
     }
+    if secondary_cluster_ip is not None or ":" in cluster_ip:
+        spec["ipFamilies"] = [family_of(ip).value for ip in cluster_ips]
+    if ip_family_policy is not None or secondary_cluster_ip is not None:
+        spec["ipFamilyPolicy"] = ip_family_policy or "RequireDualStack"
     if external_traffic_policy is not None:
         spec["externalTrafficPolicy"] = external_traffic_policy
     if internal_traffic_policy is not None:
@@ -225,23 +255,32 @@ def endpoint_slice(
 
 
 def node_object(
-    name: str, host_ip: str, pod_cidr: str, *, zone: str | None = None
+    name: str,
+    host_ip: str,
+    pod_cidr: str,
+    *,
+    zone: str | None = None,
+    host_ip6: str | None = None,
+    pod_cidr6: str | None = None,
 ) -> dict[str, Any]:
-    """A v1 Node as the kubelet reports it: InternalIP, podCIDR, hostname (and zone) labels."""
+    """A v1 Node as the kubelet reports it: InternalIP, podCIDR, hostname (and zone) labels.
+
+    A dual-stack node also has ``host_ip6`` (a second InternalIP) and ``pod_cidr6``.
+    """
     labels = {HOSTNAME_LABEL: name}
     if zone is not None:
         labels[ZONE_LABEL] = zone
+    pod_cidrs = [pod_cidr] + ([pod_cidr6] if pod_cidr6 else [])
+    addresses = [{"type": "InternalIP", "address": host_ip}]
+    if host_ip6:
+        addresses.append({"type": "InternalIP", "address": host_ip6})
+    addresses.append({"type": "Hostname", "address": name})
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": _meta(name, None, labels),
-        "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]},
-        "status": {
-            "addresses": [
-                {"type": "InternalIP", "address": host_ip},
-                {"type": "Hostname", "address": name},
-            ]
-        },
+        "spec": {"podCIDR": pod_cidr, "podCIDRs": pod_cidrs},
+        "status": {"addresses": addresses},
     }
 
 
@@ -262,14 +301,15 @@ def lab_config(
     return parse_config(yaml.safe_dump(doc), "<dataplane lab config>", plugins.known_modes())
 
 
-def conformance_spec() -> LabSpec:
+def conformance_spec(*, ipv6: bool = False) -> LabSpec:
     """The seed lab plus a fourth web pod ``web-d`` (10.244.2.4 on kind-worker2).
 
     Every web pod serves HTTP on 8080 and UDP on 8081; which of them are endpoints of which
-    Service is up to the test's EndpointSlices.
+    Service is up to the test's EndpointSlices. ``ipv6=True``: the dual-stack lab
+    (``default_spec(ipv6=True)``), web-d also has fd00:10:244:2::4.
     """
-    base = default_spec()
-    extra = PodSpec(WEB_D, NODE2, "10.244.2.4", udp_ports=(UDP_PORT,))
+    base = default_spec(ipv6=ipv6)
+    extra = PodSpec(WEB_D, NODE2, WEB_D_IP, udp_ports=(UDP_PORT,), ip6=WEB_D_IP6 if ipv6 else None)
     return replace(base, pods=(*base.pods, extra))
 
 
@@ -327,7 +367,12 @@ class NodeAgent:
         spec_node = lab.spec.node(node)
         self.set(
             node_object(
-                node, spec_node.host_ip, spec_node.pod_cidr, zone=_zone_of(lab.spec, spec_node)
+                node,
+                spec_node.host_ip,
+                spec_node.pod_cidr,
+                zone=_zone_of(lab.spec, spec_node),
+                host_ip6=spec_node.host_ip6,
+                pod_cidr6=spec_node.pod_cidr6,
             )
         )
 
@@ -432,13 +477,24 @@ class DataplaneCluster:
 
     # --- objects on every node ------------------------------------------------------------
 
-    def endpoints(self, *pods: str, **conditions: Any) -> list[dict[str, Any]]:
-        """Endpoint dicts of lab pods (their IP and node); ``conditions`` go to ``endpoint``."""
+    def endpoints(
+        self, *pods: str, family: IPFamily = IPFamily.IPv4, **conditions: Any
+    ) -> list[dict[str, Any]]:
+        """Endpoint dicts of lab pods (their IP and node); ``conditions`` go to ``endpoint``.
+
+        ``family=IPFamily.IPv6`` gives the pods' IPv6 addresses (a dual-stack lab's), for an
+        EndpointSlice with ``address_type="IPv6"``.
+        """
         out = []
         for name in pods:
             pod = self.lab.spec.pod(name)
             node = self.lab.spec.node(pod.node)
-            out.append(endpoint(pod.ip, pod.node, zone=_zone_of(self.lab.spec, node), **conditions))
+            ip = pod.ip
+            if family is IPFamily.IPv6:
+                if pod.ip6 is None:
+                    raise DataplaneError(f"pod {name} has no IPv6 address (lab is IPv4-only)")
+                ip = pod.ip6
+            out.append(endpoint(ip, pod.node, zone=_zone_of(self.lab.spec, node), **conditions))
         return out
 
     def set(self, *objects: Mapping[str, Any]) -> None:
@@ -486,6 +542,8 @@ class DataplaneCluster:
             if shutil.which("conntrack"):
                 # Exit 1 with "0 flow entries" when conntrack was never used: fine.
                 self.lab.exec(node.name, ["conntrack", "-F"], check=False)
+                if IPFamily.IPv6 in self.families:
+                    self.lab.exec(node.name, ["conntrack", "-F", "-f", "ipv6"], check=False)
         self.agents = self._new_agents()
 
 
@@ -496,14 +554,23 @@ def cluster(
     *,
     prefix: str | None = None,
     config: KubeProxyConfiguration | None = None,
-    families: tuple[IPFamily, ...] = (IPFamily.IPv4,),
+    families: tuple[IPFamily, ...] | None = None,
+    ipv6: bool = False,
 ) -> Iterator[DataplaneCluster]:
     """A fresh lab (``conformance_spec()`` by default) with an agent per node in ``mode``.
 
     The lab gets a unique prefix unless one is given; everything goes when the block ends,
     also when it raises. Raises ``DataplaneUnavailable`` if the mode cannot run here.
+
+    ``ipv6=True`` makes it dual-stack: ``conformance_spec(ipv6=True)``, agents for IPv4 and
+    IPv6 (unless ``families`` says otherwise) and, unless ``config`` is given, the lab config
+    with ``clusterCIDR`` of both families. ``families`` defaults to IPv4 only otherwise.
     """
-    with Lab(spec or conformance_spec(), prefix or unique_prefix()) as lab:
+    if families is None:
+        families = DUAL_STACK if ipv6 else (IPFamily.IPv4,)
+    if ipv6 and config is None:
+        config = lab_config(mode, cluster_cidr=CLUSTER_CIDR_DUAL_STACK)
+    with Lab(spec or conformance_spec(ipv6=ipv6), prefix or unique_prefix()) as lab:
         dc = DataplaneCluster(lab, mode, config=config, families=families)
         try:
             yield dc

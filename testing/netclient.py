@@ -4,12 +4,14 @@ Run inside a namespace::
 
     python -m kubeplex.testing.netclient http 10.96.0.10 80 /hostname --count 20 --timeout 1
     python -m kubeplex.testing.netclient udp 10.96.0.10 53 --count 5 --source-port 40000
+    python -m kubeplex.testing.netclient http fd00:96::59 80 /clientip    # IPv6 ([ip] works too)
 
 Every HTTP request uses a new TCP connection (a new conntrack flow, a new load-balancing
 decision). UDP uses a new socket per datagram unless ``--source-port`` pins the 5-tuple,
 which is what conntrack tests need (a stale entry keeps matching the same flow).
 
-Output: ``{"proto": ..., "target": "ip:port", "results": [...]}`` with one result per
+Output: ``{"proto": ..., "target": "ip:port", "results": [...]}`` (``[ip]:port`` for an IPv6
+target) with one result per
 request: ``outcome`` is ``ok`` (``body``, ``status``), ``refused``, ``timeout``,
 ``unreachable``, ``reset`` or ``error`` (``error`` holds the text), and ``ms`` is the elapsed
 wall time. Only the standard library is used so the probe starts fast in any namespace.
@@ -47,11 +49,25 @@ def _classify(exc: BaseException) -> dict[str, Any]:
     return {"outcome": "error", "error": f"{type(exc).__name__}: {exc}"}
 
 
+def _host(ip: str) -> str:
+    """An address as given, or without the brackets of ``[ipv6]``."""
+    return ip[1:-1] if ip.startswith("[") and ip.endswith("]") else ip
+
+
+def _family(ip: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in ip else socket.AF_INET
+
+
+def target_text(ip: str, port: int) -> str:
+    ip = _host(ip)
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
 def http_get(
     ip: str, port: int, path: str, timeout: float, source_ip: str | None
 ) -> dict[str, Any]:
-    source = (source_ip, 0) if source_ip else None
-    conn = http.client.HTTPConnection(ip, port, timeout=timeout, source_address=source)
+    source = (_host(source_ip), 0) if source_ip else None
+    conn = http.client.HTTPConnection(_host(ip), port, timeout=timeout, source_address=source)
     start = time.monotonic()
     try:
         conn.request("GET", path, headers={"Connection": "close"})
@@ -74,7 +90,9 @@ def udp_exchange(
     source_ip: str | None,
     source_port: int | None,
 ) -> dict[str, Any]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    ip = _host(ip)
+    family = _family(ip)
+    sock = socket.socket(family, socket.SOCK_DGRAM)
     start = time.monotonic()
     try:
         sock.settimeout(timeout)
@@ -82,7 +100,8 @@ def udp_exchange(
             # Pinning the source port across probes needs SO_REUSEADDR: the previous probe's
             # socket is closed, but be tolerant of a concurrent one in the same namespace.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((source_ip or "0.0.0.0", source_port or 0))
+            any_ip = "::" if family == socket.AF_INET6 else "0.0.0.0"
+            sock.bind((_host(source_ip) if source_ip else any_ip, source_port or 0))
         # connect() so an ICMP port-unreachable (REJECT, no listener) surfaces as ECONNREFUSED.
         sock.connect((ip, port))
         sock.send(payload)
@@ -140,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.source_port,
             )
         results.append(r)
-    doc = {"proto": args.proto, "target": f"{args.ip}:{args.port}", "results": results}
+    doc = {"proto": args.proto, "target": target_text(args.ip, args.port), "results": results}
     json.dump(doc, sys.stdout)
     sys.stdout.write("\n")
     return 0

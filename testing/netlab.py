@@ -18,6 +18,18 @@ the other node's host IP and have a default route to the lan gateway, so node-or
 traffic to a ClusterIP finds a route before the nat OUTPUT chain rewrites it (as on a real
 node). The lan namespace keeps ``ip_forward=0``, so anything routed to the gateway dies there.
 
+Dual-stack (``default_spec(ipv6=True)`` / ``DUAL_STACK_SPEC``, opt-in): the same machines also
+get unique local IPv6 addresses, wired the same way::
+
+    lan fd00:18::/64 (gateway fd00:18::1)   kind-worker fd00:18::5    kind-worker2 fd00:18::4
+    external fd00:18::10                     pods fd00:10:244:1::/64   pods fd00:10:244:2::/64
+    web-a fd00:10:244:1::2   client fd00:10:244:1::3   web-b fd00:10:244:2::2   web-c ...::3
+
+Pods have ``ip6/128`` and a default route via the node's ``fd00:10:244:i::1`` (on every pod
+veth); nodes forward IPv6 and route each other's pod /64, the lan namespace forwards nothing.
+DAD is off in every namespace and addresses are added ``nodad``, so everything is usable as
+soon as it exists; the build still polls (with a deadline) that no address is tentative.
+
 Safety: no namespace has a link to the root namespace; every link is a veth between two lab
 namespaces, so no packet can leave the lab. Every namespace is named ``<prefix>-<name>``
 with a prefix of ``[a-z0-9]`` only, so ``down_all(prefix)`` finds exactly one lab's leftovers.
@@ -82,27 +94,43 @@ class LabError(RuntimeError):
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """A node: a namespace on the lan with ``host_ip``, routing ``pod_cidr`` to its pods."""
+    """A node: a namespace on the lan with ``host_ip``, routing ``pod_cidr`` to its pods.
+
+    In a dual-stack lab the node also has ``host_ip6`` on the lan and routes ``pod_cidr6``.
+    """
 
     name: str
     host_ip: str
     pod_cidr: str
+    host_ip6: str | None = None
+    pod_cidr6: str | None = None
 
     @property
     def gateway(self) -> str:
         """The node-side address of every pod veth (first host of the pod CIDR)."""
         return str(next(ipaddress.IPv4Network(self.pod_cidr).hosts()))
 
+    @property
+    def gateway6(self) -> str | None:
+        """The IPv6 node-side address of every pod veth (``::1`` of ``pod_cidr6``)."""
+        if self.pod_cidr6 is None:
+            return None
+        return str(next(ipaddress.IPv6Network(self.pod_cidr6).hosts()))
+
 
 @dataclass(frozen=True)
 class PodSpec:
-    """A pod on ``node``. With no ports it runs no server (a client pod)."""
+    """A pod on ``node``. With no ports it runs no server (a client pod).
+
+    ``ip6`` is its IPv6 address in a dual-stack lab.
+    """
 
     name: str
     node: str
     ip: str
     http_ports: tuple[int, ...] = (HTTP_PORT,)
     udp_ports: tuple[int, ...] = ()
+    ip6: str | None = None
 
     @property
     def serves(self) -> bool:
@@ -115,15 +143,24 @@ class HostSpec:
 
     name: str
     ip: str
+    ip6: str | None = None
 
 
 @dataclass(frozen=True)
 class LabSpec:
+    """The lab's machines and addresses; ``lan_cidr6`` set makes it dual-stack.
+
+    A dual-stack lab needs an IPv6 address on every node (``host_ip6``, ``pod_cidr6``), pod
+    (``ip6``) and host (``ip6``); an IPv4-only lab must have none.
+    """
+
     nodes: tuple[NodeSpec, ...]
     pods: tuple[PodSpec, ...] = ()
     hosts: tuple[HostSpec, ...] = ()
     lan_cidr: str = "172.18.0.0/24"
     lan_gateway: str | None = "172.18.0.1"
+    lan_cidr6: str | None = None
+    lan_gateway6: str | None = None
 
     def __post_init__(self) -> None:
         errors = list(_validate(self))
@@ -133,6 +170,16 @@ class LabSpec:
     @property
     def lan_prefixlen(self) -> int:
         return ipaddress.IPv4Network(self.lan_cidr).prefixlen
+
+    @property
+    def dual_stack(self) -> bool:
+        return self.lan_cidr6 is not None
+
+    @property
+    def lan_prefixlen6(self) -> int:
+        if self.lan_cidr6 is None:
+            raise LabError("the lab is IPv4-only (no lan_cidr6)")
+        return ipaddress.IPv6Network(self.lan_cidr6).prefixlen
 
     def names(self) -> list[str]:
         return (
@@ -162,6 +209,63 @@ class LabSpec:
     def pods_on(self, node: str) -> list[PodSpec]:
         return [p for p in self.pods if p.node == node]
 
+    def ip_of(self, name: str, *, ipv6: bool = False) -> str:
+        """The address of a node (its lan address), pod or host, in one family."""
+        ip: str | None
+        if name in (n.name for n in self.nodes):
+            n = self.node(name)
+            ip = n.host_ip6 if ipv6 else n.host_ip
+        elif name in (p.name for p in self.pods):
+            p = self.pod(name)
+            ip = p.ip6 if ipv6 else p.ip
+        else:
+            h = self.host(name)
+            ip = h.ip6 if ipv6 else h.ip
+        if ip is None:
+            raise LabError(f"{name} has no IPv6 address (the lab is IPv4-only)")
+        return ip
+
+
+@dataclass(frozen=True)
+class _FamilyView:
+    """One family's addresses of a spec, so both families are validated by the same code."""
+
+    label: str
+    version: int
+    lan_cidr: str
+    lan_ips: list[tuple[str, str | None]]  # (owner, address)
+    pod_cidrs: list[tuple[str, str | None]]  # (node, cidr)
+    pod_ips: list[tuple[PodSpec, str | None]]
+
+
+def _views(spec: LabSpec) -> Iterator[_FamilyView]:
+    lan4: list[tuple[str, str | None]] = [(n.name, n.host_ip) for n in spec.nodes]
+    lan4 += [(h.name, h.ip) for h in spec.hosts]
+    if spec.lan_gateway is not None:
+        lan4.append(("lan_gateway", spec.lan_gateway))
+    yield _FamilyView(
+        "",
+        4,
+        spec.lan_cidr,
+        lan4,
+        [(n.name, n.pod_cidr) for n in spec.nodes],
+        [(p, p.ip) for p in spec.pods],
+    )
+    if spec.lan_cidr6 is None:
+        return
+    lan6: list[tuple[str, str | None]] = [(n.name, n.host_ip6) for n in spec.nodes]
+    lan6 += [(h.name, h.ip6) for h in spec.hosts]
+    if spec.lan_gateway6 is not None:
+        lan6.append(("lan_gateway6", spec.lan_gateway6))
+    yield _FamilyView(
+        "IPv6 ",
+        6,
+        spec.lan_cidr6,
+        lan6,
+        [(n.name, n.pod_cidr6) for n in spec.nodes],
+        [(p, p.ip6) for p in spec.pods],
+    )
+
 
 def _validate(spec: LabSpec) -> Iterator[str]:
     names = spec.names()
@@ -173,59 +277,96 @@ def _validate(spec: LabSpec) -> Iterator[str]:
     dupes = sorted(n for n, c in Counter(names).items() if c > 1)
     if dupes:
         yield f"duplicate names {dupes}"
-    try:
-        lan = ipaddress.IPv4Network(spec.lan_cidr)
-    except ValueError as exc:
-        yield f"lan_cidr: {exc}"
-        return
-    lan_ips = [n.host_ip for n in spec.nodes] + [h.ip for h in spec.hosts]
-    if spec.lan_gateway is not None:
-        lan_ips.append(spec.lan_gateway)
-    for ip in lan_ips:
-        if not _host_in(ip, lan):
-            yield f"address {ip!r} is not a host address of lan {spec.lan_cidr}"
-    dupes = sorted(i for i, c in Counter(lan_ips).items() if c > 1)
-    if dupes:
-        yield f"duplicate lan addresses {dupes}"
-    cidrs: dict[str, ipaddress.IPv4Network] = {}
-    for n in spec.nodes:
-        try:
-            net = ipaddress.IPv4Network(n.pod_cidr)
-        except ValueError as exc:
-            yield f"node {n.name}: pod_cidr: {exc}"
-            continue
-        if net.num_addresses < 4:
-            yield f"node {n.name}: pod_cidr {n.pod_cidr} is too small"
-            continue
-        for other, onet in cidrs.items():
-            if net.overlaps(onet):
-                yield f"node {n.name}: pod_cidr {n.pod_cidr} overlaps node {other}"
-        if net.overlaps(lan):
-            yield f"node {n.name}: pod_cidr {n.pod_cidr} overlaps the lan"
-        cidrs[n.name] = net
-    pod_ips = [p.ip for p in spec.pods]
-    dupes = sorted(i for i, c in Counter(pod_ips).items() if c > 1)
-    if dupes:
-        yield f"duplicate pod addresses {dupes}"
+    if spec.lan_cidr6 is None:
+        v6 = [n.name for n in spec.nodes if n.host_ip6 or n.pod_cidr6]
+        v6 += [p.name for p in spec.pods if p.ip6] + [h.name for h in spec.hosts if h.ip6]
+        if spec.lan_gateway6 is not None:
+            v6.append("lan_gateway6")
+        if v6:
+            yield f"IPv6 addresses of {v6} need lan_cidr6 (a dual-stack lab)"
+    for view in _views(spec):
+        yield from _validate_family(spec, view)
     for p in spec.pods:
-        pod_net = cidrs.get(p.node)
-        if pod_net is None:
-            if p.node not in {n.name for n in spec.nodes}:
-                yield f"pod {p.name}: unknown node {p.node!r}"
-            continue
-        if not _host_in(p.ip, pod_net) or p.ip == str(next(pod_net.hosts())):
-            yield f"pod {p.name}: {p.ip!r} is not a free host address of {pod_net} (.1: gateway)"
         for port in (*p.http_ports, *p.udp_ports):
             if not 1 <= port <= 65535:
                 yield f"pod {p.name}: port {port} out of range"
 
 
-def _host_in(ip: str, net: ipaddress.IPv4Network) -> bool:
+def _validate_family(spec: LabSpec, view: _FamilyView) -> Iterator[str]:
+    fam = view.label
     try:
-        addr = ipaddress.IPv4Address(ip)
+        lan = ipaddress.ip_network(view.lan_cidr)
+        if lan.version != view.version:
+            raise ValueError(f"{view.lan_cidr} is not an IPv{view.version} network")
+    except ValueError as exc:
+        yield f"{'lan_cidr6' if view.version == 6 else 'lan_cidr'}: {exc}"
+        return
+    lan_ips: list[str] = []
+    for owner, ip in view.lan_ips:
+        if ip is None:
+            yield f"{owner}: needs an {fam}address in a dual-stack lab"
+            continue
+        lan_ips.append(ip)
+        if not _host_in(ip, lan):
+            yield f"address {ip!r} is not a host address of lan {view.lan_cidr}"
+    dupes = sorted(i for i, c in Counter(lan_ips).items() if c > 1)
+    if dupes:
+        yield f"duplicate {fam}lan addresses {dupes}"
+    cidrs: dict[str, ipaddress.IPv4Network | ipaddress.IPv6Network] = {}
+    for node, cidr in view.pod_cidrs:
+        if cidr is None:
+            yield f"node {node}: needs an {fam}pod_cidr6 in a dual-stack lab"
+            continue
+        try:
+            net = ipaddress.ip_network(cidr)
+            if net.version != view.version:
+                raise ValueError(f"{cidr} is not an IPv{view.version} network")
+        except ValueError as exc:
+            yield f"node {node}: {fam}pod_cidr: {exc}"
+            continue
+        if net.num_addresses < 4:
+            yield f"node {node}: {fam}pod_cidr {cidr} is too small"
+            continue
+        for other, onet in cidrs.items():
+            if net.overlaps(onet):
+                yield f"node {node}: {fam}pod_cidr {cidr} overlaps node {other}"
+        if net.overlaps(lan):
+            yield f"node {node}: {fam}pod_cidr {cidr} overlaps the lan"
+        cidrs[node] = net
+    pod_ips = [ip for _, ip in view.pod_ips if ip is not None]
+    dupes = sorted(i for i, c in Counter(pod_ips).items() if c > 1)
+    if dupes:
+        yield f"duplicate {fam}pod addresses {dupes}"
+    for p, ip in view.pod_ips:
+        if ip is None:
+            yield f"pod {p.name}: needs an {fam}address (ip6) in a dual-stack lab"
+            continue
+        pod_net = cidrs.get(p.node)
+        if pod_net is None:
+            if p.node not in {n.name for n in spec.nodes}:
+                yield f"pod {p.name}: unknown node {p.node!r}"
+            continue
+        if not _host_in(ip, pod_net) or ip == str(next(pod_net.hosts())):
+            gw = ".1" if view.version == 4 else "::1"
+            yield f"pod {p.name}: {ip!r} is not a free host address of {pod_net} ({gw}: gateway)"
+
+
+def _host_in(ip: str, net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    try:
+        addr = ipaddress.ip_address(ip)
     except ValueError:
         return False
-    return addr in net and addr not in (net.network_address, net.broadcast_address)
+    if addr.version != net.version or addr not in net or addr == net.network_address:
+        return False
+    return not (net.version == 4 and addr == net.broadcast_address)
+
+
+#: The dual-stack lab's IPv6 plan (unique local addresses): lan, node and host addresses.
+LAN_CIDR6 = "fd00:18::/64"
+LAN_GATEWAY6 = "fd00:18::1"
+NODE1_IP6 = "fd00:18::5"
+NODE2_IP6 = "fd00:18::4"
+EXTERNAL_IP6 = "fd00:18::10"
 
 
 def default_spec(
@@ -234,25 +375,38 @@ def default_spec(
     external_ip: str = "172.18.0.10",
     *,
     udp_port: int | None = UDP_PORT,
+    ipv6: bool = False,
 ) -> LabSpec:
-    """The seed article's cluster: two kind workers, three web pods, a client pod, a host."""
+    """The seed article's cluster: two kind workers, three web pods, a client pod, a host.
+
+    ``ipv6=True`` makes it dual-stack: lan ``fd00:18::/64`` (kind-worker ``::5``,
+    kind-worker2 ``::4``, external ``::10``, gateway ``::1``), pod CIDRs
+    ``fd00:10:244:{1,2}::/64`` with the same host numbers as the IPv4 pods.
+    """
     udp = (udp_port,) if udp_port else ()
+
+    def v6(ip: str) -> str | None:
+        return ip if ipv6 else None
+
     return LabSpec(
         nodes=(
-            NodeSpec(NODE1, node1_ip, "10.244.1.0/24"),
-            NodeSpec(NODE2, node2_ip, "10.244.2.0/24"),
+            NodeSpec(NODE1, node1_ip, "10.244.1.0/24", v6(NODE1_IP6), v6("fd00:10:244:1::/64")),
+            NodeSpec(NODE2, node2_ip, "10.244.2.0/24", v6(NODE2_IP6), v6("fd00:10:244:2::/64")),
         ),
         pods=(
-            PodSpec(WEB_A, NODE1, "10.244.1.2", udp_ports=udp),
-            PodSpec(CLIENT_POD, NODE1, "10.244.1.3", http_ports=()),
-            PodSpec(WEB_B, NODE2, "10.244.2.2", udp_ports=udp),
-            PodSpec(WEB_C, NODE2, "10.244.2.3", udp_ports=udp),
+            PodSpec(WEB_A, NODE1, "10.244.1.2", udp_ports=udp, ip6=v6("fd00:10:244:1::2")),
+            PodSpec(CLIENT_POD, NODE1, "10.244.1.3", http_ports=(), ip6=v6("fd00:10:244:1::3")),
+            PodSpec(WEB_B, NODE2, "10.244.2.2", udp_ports=udp, ip6=v6("fd00:10:244:2::2")),
+            PodSpec(WEB_C, NODE2, "10.244.2.3", udp_ports=udp, ip6=v6("fd00:10:244:2::3")),
         ),
-        hosts=(HostSpec(EXTERNAL, external_ip),),
+        hosts=(HostSpec(EXTERNAL, external_ip, v6(EXTERNAL_IP6)),),
+        lan_cidr6=v6(LAN_CIDR6),
+        lan_gateway6=v6(LAN_GATEWAY6),
     )
 
 
 DEFAULT_SPEC = default_spec()
+DUAL_STACK_SPEC = default_spec(ipv6=True)
 
 
 # ------------------------------------------------------------------------------------ results
@@ -536,15 +690,22 @@ class Lab:
         spec = self.spec
         ns = self.namespace_of
         plen = spec.lan_prefixlen
+        dual = spec.dual_stack
         _batch(None, [f"netns add {n}" for n in self.namespaces])
+        if dual:
+            self._ipv6_sysctls()
 
         # The switch: one veth per lan member, the far end created directly in the member.
+        # Dual-stack: no multicast snooping, so neighbour solicitations are plainly flooded.
+        snooping = " mcast_snooping 0" if dual else ""
         lan = [
-            f"link add {BRIDGE} type bridge forward_delay 0 stp_state 0",
+            f"link add {BRIDGE} type bridge forward_delay 0 stp_state 0{snooping}",
             f"link set {BRIDGE} up",
         ]
         if spec.lan_gateway:
             lan.append(f"addr add {spec.lan_gateway}/{plen} dev {BRIDGE}")
+        if dual and spec.lan_gateway6:
+            lan.append(f"addr add {spec.lan_gateway6}/{spec.lan_prefixlen6} dev {BRIDGE} nodad")
         members = [(n.name, n.host_ip) for n in spec.nodes] + [(h.name, h.ip) for h in spec.hosts]
         for i, (name, _) in enumerate(members):
             lan += [
@@ -559,46 +720,62 @@ class Lab:
             cmds = [
                 "link set lo up",
                 f"addr add {node.host_ip}/{plen} dev {POD_IFACE}",
-                f"link set {POD_IFACE} up",
             ]
+            if dual:
+                cmds.append(f"addr add {node.host_ip6}/{spec.lan_prefixlen6} dev {POD_IFACE} nodad")
+            cmds.append(f"link set {POD_IFACE} up")
             for j, pod in enumerate(spec.pods_on(node.name)):
                 veth = f"veth{j}"
                 cmds += [
                     f"link add {veth} type veth peer name {POD_IFACE} netns {ns(pod.name)}",
                     f"addr add {node.gateway}/32 dev {veth}",
+                ]
+                if dual:
+                    cmds.append(f"addr add {node.gateway6}/128 dev {veth} nodad")
+                cmds += [
                     f"link set {veth} up",
                     f"route add {pod.ip}/32 dev {veth} scope link src {node.gateway}",
                 ]
+                if dual:
+                    cmds.append(f"route add {pod.ip6}/128 dev {veth} src {node.gateway6}")
             for other in spec.nodes:
                 if other is not node:
                     cmds.append(f"route add {other.pod_cidr} via {other.host_ip} dev {POD_IFACE}")
+                    if dual:
+                        cmds.append(
+                            f"route add {other.pod_cidr6} via {other.host_ip6} dev {POD_IFACE}"
+                        )
             if spec.lan_gateway:
                 cmds.append(f"route add default via {spec.lan_gateway} dev {POD_IFACE}")
+            if dual and spec.lan_gateway6:
+                cmds.append(f"route add ::/0 via {spec.lan_gateway6} dev {POD_IFACE}")
             _batch(ns(node.name), cmds)
 
         for host in spec.hosts:
             # Only the connected lan route: an outside machine knows nothing of the pod network.
-            _batch(
-                ns(host.name),
-                [
-                    "link set lo up",
-                    f"addr add {host.ip}/{plen} dev {POD_IFACE}",
-                    f"link set {POD_IFACE} up",
-                ],
-            )
+            cmds = ["link set lo up", f"addr add {host.ip}/{plen} dev {POD_IFACE}"]
+            if dual:
+                cmds.append(f"addr add {host.ip6}/{spec.lan_prefixlen6} dev {POD_IFACE} nodad")
+            cmds.append(f"link set {POD_IFACE} up")
+            _batch(ns(host.name), cmds)
 
         for pod in spec.pods:
-            gw = spec.node(pod.node).gateway
-            _batch(
-                ns(pod.name),
-                [
-                    "link set lo up",
-                    f"addr add {pod.ip}/32 dev {POD_IFACE}",
-                    f"link set {POD_IFACE} up",
-                    f"route add {gw}/32 dev {POD_IFACE} scope link",
-                    f"route add default via {gw} dev {POD_IFACE} src {pod.ip}",
-                ],
-            )
+            node = spec.node(pod.node)
+            gw = node.gateway
+            cmds = ["link set lo up", f"addr add {pod.ip}/32 dev {POD_IFACE}"]
+            if dual:
+                cmds.append(f"addr add {pod.ip6}/128 dev {POD_IFACE} nodad")
+            cmds += [
+                f"link set {POD_IFACE} up",
+                f"route add {gw}/32 dev {POD_IFACE} scope link",
+                f"route add default via {gw} dev {POD_IFACE} src {pod.ip}",
+            ]
+            if dual:
+                cmds += [
+                    f"route add {node.gateway6}/128 dev {POD_IFACE}",
+                    f"route add ::/0 via {node.gateway6} dev {POD_IFACE} src {pod.ip6}",
+                ]
+            _batch(ns(pod.name), cmds)
 
         for node in spec.nodes:
             self.exec(node.name, ["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
@@ -614,8 +791,45 @@ class Lab:
                 "-w",
                 "net.ipv4.ip_forward=0",
                 "net.bridge.bridge-nf-call-iptables=0",
+                "net.bridge.bridge-nf-call-ip6tables=0",
             ],
         )
+        if dual:
+            self._await_ipv6_ready()
+
+    def _ipv6_sysctls(self) -> None:
+        """Before any link exists: IPv6 on, no DAD, forwarding only on nodes.
+
+        Links copy ``conf.default`` when they are created, so this must run first. Without DAD
+        every address (link-local ones too, which neighbour solicitations come from) is usable
+        at once. One ``ip -batch`` forks a ``sysctl`` into each namespace.
+        """
+        node_names = {n.name for n in self.spec.nodes}
+        lines = []
+        for name in (LAN, *self.spec.names()):
+            keys = [
+                f"net.ipv6.conf.{which}.{key}={value}"
+                for which in ("all", "default")
+                for key, value in (("disable_ipv6", 0), ("accept_dad", 0), ("accept_ra", 0))
+            ]
+            # The lan gateway must be a dead end for IPv6 too; nodes route their pods.
+            keys.append(f"net.ipv6.conf.all.forwarding={1 if name in node_names else 0}")
+            lines.append(f"netns exec {self.namespace_of(name)} sysctl -q -w {' '.join(keys)}")
+        _batch(None, lines)
+
+    def _await_ipv6_ready(self, timeout: float = 5.0) -> None:
+        """Poll until no IPv6 address of the lab is tentative (nodad should make it instant)."""
+        deadline = time.monotonic() + timeout
+        pending = list(self.namespaces)
+        while True:
+            pending = [
+                n for n in pending if _ip(["-n", n, "-6", "addr", "show", "tentative"]).strip()
+            ]
+            if not pending:
+                return
+            if time.monotonic() >= deadline:
+                raise LabError(f"IPv6 addresses still tentative after {timeout}s in {pending}")
+            time.sleep(0.02)  # polling address state, bounded by the deadline
 
     def _start_servers(self) -> None:
         pending: dict[int, _Server] = {}

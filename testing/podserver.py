@@ -5,9 +5,13 @@ Run inside a pod namespace::
     python -m kubeplex.testing.podserver --name web-a --port 8080 --udp-port 8081
 
 HTTP (every ``--port``): ``/`` and ``/hostname`` answer the pod name, ``/clientip`` answers
-``ip:port`` of the peer as this pod saw it (so a test can tell whether the proxy SNATed).
-UDP (every ``--udp-port``): a datagram ``clientip`` is answered with the peer's ``ip:port``,
-any other datagram with the pod name.
+``ip:port`` of the peer as this pod saw it (so a test can tell whether the proxy SNATed);
+an IPv6 peer is written ``[ip]:port``. UDP (every ``--udp-port``): a datagram ``clientip`` is
+answered with the peer's address in the same form, any other datagram with the pod name.
+
+Every port is served on both families: by default on ``0.0.0.0`` and, where the namespace has
+IPv6 at all, on ``::`` (an IPv6-only socket, so IPv4 peers keep their plain ``ip:port``).
+``--bind`` (repeatable) replaces that with exactly the given addresses.
 
 Once every socket is bound and listening, one line ``READY <json>`` is written to stdout and
 stdout is closed: the parent synchronises on that line instead of sleeping, and closing it
@@ -18,15 +22,34 @@ Only the standard library is used, so the server starts in well under a second.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import signal
 import socket
+import socketserver
 import sys
 import threading
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
+from typing import Any
+
+DEFAULT_BINDS = ("0.0.0.0", "::")
+#: bind errors that mean "this namespace has no IPv6", for the best-effort default ``::``.
+_NO_IPV6 = {errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT}
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def peer_text(peer: tuple[Any, ...]) -> str:
+    """``ip:port``, or ``[ip]:port`` for IPv6 (IPv4-mapped addresses shown as IPv4)."""
+    host, port = str(peer[0]), int(peer[1])
+    if host.startswith("::ffff:") and "." in host:
+        host = host[len("::ffff:") :]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class _Server(ThreadingHTTPServer):
@@ -38,7 +61,18 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], pod_name: str, verbose: bool) -> None:
         self.pod_name = pod_name
         self.verbose = verbose
+        self.address_family = _family(address[0])
         super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        # HTTPServer.server_bind would also resolve the host name (getfqdn): a DNS query from
+        # inside the lab for nothing. The name is only used in CGI environments.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = str(host)
+        self.server_port = int(port)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -51,8 +85,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path in ("/", "/hostname"):
             self._reply(200, self.server.pod_name)
         elif path == "/clientip":
-            host, port = self.client_address[0], self.client_address[1]
-            self._reply(200, f"{host}:{port}")
+            self._reply(200, peer_text(self.client_address))
         elif path == "/healthz":
             self._reply(200, "ok")
         else:
@@ -77,11 +110,24 @@ def _udp_echo(sock: socket.socket, pod_name: str) -> None:
             data, peer = sock.recvfrom(65535)
         except OSError:
             return
-        reply = f"{peer[0]}:{peer[1]}" if data.strip() == b"clientip" else pod_name
+        reply = peer_text(peer) if data.strip() == b"clientip" else pod_name
         try:
             sock.sendto(reply.encode(), peer)
         except OSError as exc:  # the peer vanished; keep serving others
             sys.stderr.write(f"udp reply to {peer}: {exc}\n")
+
+
+def _udp_socket(host: str, port: int) -> socket.socket:
+    s = socket.socket(_family(host), socket.SOCK_DGRAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if s.family == socket.AF_INET6:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        s.bind((host, port))
+    except OSError:
+        s.close()
+        raise
+    return s
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -89,7 +135,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--name", required=True, help="pod name returned by /hostname")
     p.add_argument("--port", type=int, action="append", default=[], help="HTTP port (repeatable)")
     p.add_argument("--udp-port", type=int, action="append", default=[], help="UDP echo port")
-    p.add_argument("--bind", default="0.0.0.0", help="address to bind (default all)")
+    p.add_argument(
+        "--bind",
+        action="append",
+        default=[],
+        help="address to bind (repeatable; default 0.0.0.0 and, if IPv6 works, ::)",
+    )
     p.add_argument("--verbose", action="store_true", help="log every request to stderr")
     args = p.parse_args(argv)
     if not args.port and not args.udp_port:
@@ -105,27 +156,52 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
 
-    http_servers = [_Server((args.bind, port), args.name, args.verbose) for port in args.port]
+    binds: list[str] = args.bind or list(DEFAULT_BINDS)
+    optional = set() if args.bind else {"::"}
+    http_servers: list[_Server] = []
     udp_socks: list[socket.socket] = []
-    for port in args.udp_port:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((args.bind, port))
-        udp_socks.append(s)
+    bound: list[str] = []
+    for host in binds:
+        servers: list[_Server] = []
+        socks: list[socket.socket] = []
+        try:
+            for port in args.port:
+                servers.append(_Server((host, port), args.name, args.verbose))
+            for port in args.udp_port:
+                socks.append(_udp_socket(host, port))
+        except OSError as exc:
+            for srv in servers:
+                srv.server_close()
+            for sock in socks:
+                sock.close()
+            if host in optional and exc.errno in _NO_IPV6:
+                continue  # no IPv6 in this namespace: serve IPv4 only
+            raise
+        http_servers += servers
+        udp_socks += socks
+        bound.append(host)
 
     threads = [
-        threading.Thread(target=srv.serve_forever, name=f"http-{port}", daemon=True)
-        for srv, port in zip(http_servers, args.port, strict=True)
+        threading.Thread(target=srv.serve_forever, name=f"http-{srv.server_port}", daemon=True)
+        for srv in http_servers
     ]
     threads += [
-        threading.Thread(target=_udp_echo, args=(s, args.name), name=f"udp-{port}", daemon=True)
-        for s, port in zip(udp_socks, args.udp_port, strict=True)
+        threading.Thread(
+            target=_udp_echo, args=(s, args.name), name=f"udp-{s.getsockname()[1]}", daemon=True
+        )
+        for s in udp_socks
     ]
     for t in threads:
         t.start()
 
     # Sockets are bound (and TCP ones listening) since construction, so the pod is reachable.
-    ready = {"name": args.name, "pid": os.getpid(), "tcp": args.port, "udp": args.udp_port}
+    ready = {
+        "name": args.name,
+        "pid": os.getpid(),
+        "tcp": args.port,
+        "udp": args.udp_port,
+        "bind": bound,
+    }
     sys.stdout.write(f"READY {json.dumps(ready)}\n")
     sys.stdout.flush()
     devnull = os.open(os.devnull, os.O_WRONLY)

@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 
+from kubeplex.testing.netclient import target_text
 from kubeplex.testing.netlab import (
     CLIENT_POD,
+    DEFAULT_SPEC,
+    DUAL_STACK_SPEC,
     EXTERNAL,
     LAN,
     NODE1,
@@ -25,9 +29,11 @@ from kubeplex.testing.netlab import (
     NodeSpec,
     PodSpec,
     down_all,
+    reap_stale,
     tally,
     unique_prefix,
 )
+from kubeplex.testing.podserver import peer_text
 
 kernel = pytest.mark.kernel
 
@@ -230,3 +236,168 @@ def test_spec_validation() -> None:
         LabSpec(nodes=(NodeSpec(LAN, "172.18.0.5", "10.244.1.0/24"),))
     with pytest.raises(LabError, match="prefix"):
         Lab(small_spec(), "bad-prefix")
+
+
+# ------------------------------------------------------------------------------- dual-stack lab
+
+CLIENT_IP6 = "fd00:10:244:1::3"
+EXTERNAL_IP6 = "fd00:18::10"
+
+
+@pytest.fixture(scope="module")
+def netlab6() -> Iterator[Lab]:
+    """The dual-stack lab (``DUAL_STACK_SPEC``), private to this module."""
+    reap_stale()
+    with Lab(DUAL_STACK_SPEC, unique_prefix()) as lab:
+        yield lab
+
+
+def host_of(body: str | None) -> str:
+    """The address of a ``/clientip`` answer: ``ip:port`` or ``[ip]:port``."""
+    host = (body or "").rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") else host
+
+
+def test_default_spec_stays_ipv4_only() -> None:
+    assert not DEFAULT_SPEC.dual_stack
+    assert DEFAULT_SPEC.lan_cidr6 is None and DEFAULT_SPEC.lan_gateway6 is None
+    assert all(n.host_ip6 is None and n.pod_cidr6 is None for n in DEFAULT_SPEC.nodes)
+    assert all(p.ip6 is None for p in DEFAULT_SPEC.pods)
+    assert all(h.ip6 is None for h in DEFAULT_SPEC.hosts)
+    with pytest.raises(LabError, match="no IPv6 address"):
+        DEFAULT_SPEC.ip_of(WEB_A, ipv6=True)
+
+
+def test_dual_stack_spec_addresses() -> None:
+    spec = DUAL_STACK_SPEC
+    assert spec.dual_stack and spec.lan_cidr6 == "fd00:18::/64"
+    assert spec.ip_of(NODE1, ipv6=True) == "fd00:18::5"
+    assert spec.ip_of(NODE2, ipv6=True) == "fd00:18::4"
+    assert spec.ip_of(EXTERNAL, ipv6=True) == EXTERNAL_IP6
+    assert spec.ip_of(CLIENT_POD, ipv6=True) == CLIENT_IP6
+    assert [spec.ip_of(p, ipv6=True) for p in (WEB_A, WEB_B, WEB_C)] == [
+        "fd00:10:244:1::2",
+        "fd00:10:244:2::2",
+        "fd00:10:244:2::3",
+    ]
+    assert spec.node(NODE2).gateway6 == "fd00:10:244:2::1"
+    # The IPv4 side is the default spec's, address for address.
+    assert [spec.ip_of(n) for n in spec.names()] == [DEFAULT_SPEC.ip_of(n) for n in spec.names()]
+
+
+def test_dual_stack_spec_validation() -> None:
+    node = NodeSpec("n1", "172.18.0.5", "10.244.1.0/24", "fd00:18::5", "fd00:10:244:1::/64")
+    v6 = {"lan_cidr6": "fd00:18::/64"}
+    assert LabSpec(
+        nodes=(node,), pods=(PodSpec("p1", "n1", "10.244.1.2", ip6="fd00:10:244:1::2"),), **v6
+    )
+    with pytest.raises(LabError, match="need lan_cidr6"):
+        LabSpec(nodes=(node,))
+    with pytest.raises(LabError, match=r"pod p1: needs an IPv6 address"):
+        LabSpec(nodes=(node,), pods=(PodSpec("p1", "n1", "10.244.1.2"),), **v6)
+    with pytest.raises(LabError, match=r"not a free host address of fd00:10:244:1::/64 \(::1"):
+        LabSpec(
+            nodes=(node,), pods=(PodSpec("p1", "n1", "10.244.1.2", ip6="fd00:10:244:1::1"),), **v6
+        )
+    with pytest.raises(LabError, match="not a free host address"):
+        LabSpec(nodes=(node,), pods=(PodSpec("p1", "n1", "10.244.1.2", ip6="10.244.1.9"),), **v6)
+    with pytest.raises(LabError, match="not a host address of lan fd00:18::/64"):
+        LabSpec(nodes=(node,), hosts=(HostSpec("h1", "172.18.0.10", "fd00:19::10"),), **v6)
+    with pytest.raises(LabError, match="duplicate IPv6 lan addresses"):
+        LabSpec(nodes=(node,), hosts=(HostSpec("h1", "172.18.0.10", "fd00:18::5"),), **v6)
+    with pytest.raises(LabError, match=r"lan_cidr6: .* is not an IPv6 network"):
+        LabSpec(nodes=(node,), lan_cidr6="172.19.0.0/24")
+
+
+def test_peer_and_target_text() -> None:
+    assert peer_text(("10.244.1.3", 4000)) == "10.244.1.3:4000"  # IPv4 output unchanged
+    assert peer_text(("fd00:10:244:1::3", 4000, 0, 0)) == "[fd00:10:244:1::3]:4000"
+    assert peer_text(("::ffff:10.244.1.3", 4000, 0, 0)) == "10.244.1.3:4000"
+    assert target_text("10.96.0.1", 80) == "10.96.0.1:80"
+    assert target_text("[fd00:96::1]", 80) == target_text("fd00:96::1", 80) == "[fd00:96::1]:80"
+
+
+@kernel
+def test_ipv4_only_lab_has_no_global_ipv6(netlab: Lab) -> None:
+    for name in (NODE1, CLIENT_POD, EXTERNAL):
+        assert netlab.exec(name, ["ip", "-6", "addr", "show", "scope", "global"]).stdout == ""
+
+
+@kernel
+def test_dual_stack_bring_up_is_fast_and_settled(netlab6: Lab) -> None:
+    assert netlab6.is_up()
+    assert netlab6.timings["up"] < 10.0, netlab6.timings
+    for ns in netlab6.namespaces:
+        out = netlab6.exec(ns, ["ip", "-6", "addr", "show", "tentative"]).stdout
+        assert out == "", (ns, out)
+    for node in (NODE1, NODE2):
+        fwd = netlab6.exec(node, ["sysctl", "-n", "net.ipv6.conf.all.forwarding"]).stdout
+        assert fwd.strip() == "1", node
+    lan_fwd = netlab6.exec(LAN, ["sysctl", "-n", "net.ipv6.conf.all.forwarding"]).stdout
+    assert lan_fwd.strip() == "0"
+
+
+@kernel
+@pytest.mark.parametrize("pod", [WEB_A, WEB_B, WEB_C])
+def test_client_pod_reaches_pods_over_ipv6_without_nat(netlab6: Lab, pod: str) -> None:
+    ip6 = netlab6.spec.ip_of(pod, ipv6=True)
+    [hostname] = netlab6.http(CLIENT_POD, ip6, 8080, "/hostname")
+    assert (hostname.outcome, hostname.body) == ("ok", pod)
+    [clientip] = netlab6.http(CLIENT_POD, f"[{ip6}]", 8080, "/clientip")
+    assert clientip.ok and clientip.body is not None
+    assert clientip.body.startswith(f"[{CLIENT_IP6}]:"), clientip  # bracketed, not NATed
+
+
+@kernel
+def test_dual_stack_lab_keeps_ipv4_answers_unchanged(netlab6: Lab) -> None:
+    [r] = netlab6.http(CLIENT_POD, netlab6.spec.pod(WEB_B).ip, 8080, "/clientip")
+    assert r.ok and r.body is not None and r.body.startswith(f"{CLIENT_IP}:"), r
+    results = netlab6.udp(CLIENT_POD, netlab6.spec.pod(WEB_C).ip, UDP_PORT, payload="clientip")
+    assert [host_of(x.body) for x in results] == [CLIENT_IP]
+
+
+@kernel
+def test_nodes_reach_each_others_pods_over_ipv6(netlab6: Lab) -> None:
+    results = netlab6.http(NODE1, netlab6.spec.ip_of(WEB_C, ipv6=True), 8080, count=3)
+    assert tally(results) == {WEB_C: 3}
+    results = netlab6.http(NODE2, netlab6.spec.ip_of(WEB_A, ipv6=True), 8080, count=3)
+    assert tally(results) == {WEB_A: 3}
+
+
+@kernel
+def test_external_reaches_node_over_ipv6_but_not_pods(netlab6: Lab) -> None:
+    netlab6.start_server(NODE2, "node2-host6", http_ports=(10080,))
+    try:
+        node2_ip6 = netlab6.spec.ip_of(NODE2, ipv6=True)
+        [r] = netlab6.http(EXTERNAL, node2_ip6, 10080, "/clientip")
+        assert r.ok and host_of(r.body) == EXTERNAL_IP6, r
+    finally:
+        netlab6.stop_server("node2-host6")
+    [r] = netlab6.http(EXTERNAL, netlab6.spec.ip_of(WEB_A, ipv6=True), 8080, timeout=1)
+    assert r.outcome == "unreachable", r
+
+
+@kernel
+def test_closed_port_is_refused_over_ipv6(netlab6: Lab) -> None:
+    node1_ip6 = netlab6.spec.ip_of(NODE1, ipv6=True)
+    assert [r.outcome for r in netlab6.http(EXTERNAL, node1_ip6, 9, timeout=1)] == ["refused"]
+    web_b6 = netlab6.spec.ip_of(WEB_B, ipv6=True)
+    assert [r.outcome for r in netlab6.http(CLIENT_POD, web_b6, 9, timeout=1)] == ["refused"]
+    assert [r.outcome for r in netlab6.udp(CLIENT_POD, web_b6, 9, timeout=1)] == ["refused"]
+
+
+@kernel
+def test_udp_echo_over_ipv6(netlab6: Lab) -> None:
+    web_c6 = netlab6.spec.ip_of(WEB_C, ipv6=True)
+    assert tally(netlab6.udp(CLIENT_POD, web_c6, UDP_PORT, count=3)) == {WEB_C: 3}
+    results = netlab6.udp(
+        CLIENT_POD, web_c6, UDP_PORT, payload="clientip", count=2, source_port=40000
+    )
+    assert [r.body for r in results] == [f"[{CLIENT_IP6}]:40000"] * 2
+
+
+@kernel
+def test_lan_gateway_is_a_dead_end_for_ipv6(netlab6: Lab) -> None:
+    # Node1 routes an unknown IPv6 destination to the lan gateway, which forwards nothing.
+    [r] = netlab6.http(NODE1, "fd00:96::1", 80, timeout=0.5)
+    assert not r.ok, r
