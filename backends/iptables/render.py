@@ -120,8 +120,8 @@ class FamilyPlan:
         missing = [c for c in fixed if c not in existing_nat]
         if missing:
             out.append("*nat\n" + "".join(f":{c} - [0:0]\n" for c in missing) + "COMMIT\n")
-        grouped = [c for g in self.groups for c in g]
-        loose = tuple(c for c in self.nat if names.is_service_chain(c) and c not in set(grouped))
+        grouped = {c for g in self.groups for c in g}
+        loose = tuple(c for c in self.nat if names.is_service_chain(c) and c not in grouped)
         batch: Chains = {}
         size = 0
         for group in [*self.groups, loose]:
