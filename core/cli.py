@@ -8,18 +8,24 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kubeplex.core import plugins
 from kubeplex.core.backend import Backend, BackendContext
 from kubeplex.core.cluster import ClusterState
 from kubeplex.core.config import KubeProxyConfiguration, default_config, load_config, with_overrides
 from kubeplex.core.errors import InvalidObject, KubeplexError
+from kubeplex.core.operations import Operations, start_operations
 from kubeplex.core.proxier import Proxier
 from kubeplex.core.runner import SyncRunner
 from kubeplex.core.sources.manifests import ManifestSource
 from kubeplex.core.version import __version__
+
+if TYPE_CHECKING:
+    from kubeplex.core.sources.kubeapi import KubeApiSource
 
 log = logging.getLogger("kubeplex")
 
@@ -121,37 +127,108 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: How long ``run --once`` waits for the initial lists from the API server before giving up.
+ONCE_SYNC_TIMEOUT = 60.0
+#: How often a daemon still waiting for the API server says so.
+SYNC_WAIT_LOG_INTERVAL = 10.0
+
+
+def _start_api_source(cfg: KubeProxyConfiguration) -> KubeApiSource:
+    # Imported here: the kubernetes client is only needed (and paid for) without --manifests.
+    from kubeplex.core.sources.kubeapi import KubeApiSource
+
+    return KubeApiSource.from_config(cfg, node_name(cfg)).start()
+
+
+def _wait_for_api_sync(source: KubeApiSource, once: bool, stop: threading.Event) -> bool:
+    """Wait until Services, EndpointSlices and the Node are listed; nothing is programmed
+    before (a half-listed cluster would delete the rules of every Service not listed yet).
+    A daemon waits forever and says so; ``--once`` gives up after ONCE_SYNC_TIMEOUT."""
+    started = time.monotonic()
+    while not stop.is_set():
+        left = ONCE_SYNC_TIMEOUT - (time.monotonic() - started) if once else float("inf")
+        if left <= 0:
+            log.error(
+                "no initial sync from the Kubernetes API at %s within %.0fs (%s): giving up, "
+                "nothing was programmed",
+                source.host,
+                ONCE_SYNC_TIMEOUT,
+                source.last_error or "no answer",
+            )
+            return False
+        if source.wait_for_initial_sync(min(left, SYNC_WAIT_LOG_INTERVAL)):
+            return True
+        log.warning(
+            "waiting for the Kubernetes API at %s: initial list of %s not complete yet (%s); "
+            "nothing is programmed until it is",
+            source.host,
+            ", ".join(source.pending),
+            source.last_error or "no answer yet",
+        )
+    return False
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_effective_config(args)
-    if args.manifests is None:
-        raise KubeplexError(
-            "run: --manifests PATH is required (the Kubernetes API source is not built yet)"
-        )
     backend = make_backend(cfg, args.netns)
     missing = backend.missing_requirements()
     if missing:
         raise KubeplexError(f"mode {cfg.mode}: this node lacks what it needs: {'; '.join(missing)}")
-    cluster, source = _state_from_manifests(cfg, args.manifests)
-    backend.prepare()
-    proxier = Proxier(cluster, backend)
-    if args.once:
-        return EXIT_OK if proxier.sync(full=True) else EXIT_SYNC_FAILED
-
-    sync_period, min_sync_period = cfg.sync_periods()
-    runner = SyncRunner(proxier.sync, cluster.changed, min_sync_period, sync_period)
     stop = threading.Event()
+    runner: SyncRunner | None = None
 
     def _stop(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping", signum)
         stop.set()
-        runner.stop()
+        if runner is not None:
+            runner.stop()
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    watcher = threading.Thread(target=source.run, args=(stop,), name="manifests", daemon=True)
-    watcher.start()
-    runner.run()
-    return EXIT_OK
+    api: KubeApiSource | None = None
+    manifests: ManifestSource | None = None
+    if args.manifests is not None:
+        cluster, manifests = _state_from_manifests(cfg, args.manifests)
+    else:
+        api = _start_api_source(cfg)
+        cluster = api.cluster
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        if not _wait_for_api_sync(api, args.once, stop):
+            api.stop()
+            return EXIT_SYNC_FAILED
+    ops: Operations | None = None
+    try:
+        backend.prepare()
+        proxier = Proxier(cluster, backend)
+        # Health and metrics servers, conntrack cleanup and sysctls; a one-shot run serves none.
+        ops = start_operations(
+            cfg,
+            proxier,
+            cluster,
+            (lambda: api.node_deleting) if api is not None else (lambda: cluster.node.deleting),
+            netns=args.netns,
+            serve=not args.once,
+        )
+        if args.once:
+            return EXIT_OK if ops.sync(True) else EXIT_SYNC_FAILED
+
+        sync_period, min_sync_period = cfg.sync_periods()
+        runner = SyncRunner(ops.sync, cluster.changed, min_sync_period, sync_period)
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        if stop.is_set():
+            return EXIT_OK
+        if manifests is not None:
+            watcher = threading.Thread(
+                target=manifests.run, args=(stop,), name="manifests", daemon=True
+            )
+            watcher.start()
+        runner.run()
+        return EXIT_OK
+    finally:
+        if ops is not None:
+            ops.stop()
+        if api is not None:
+            api.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -183,6 +183,7 @@ class ClusterState:
                     stale_endpoints=eps.stale_endpoints,
                     stale_service_ips=svc.stale_service_ips,
                     newly_active_services=eps.newly_active,
+                    trigger_times=eps.trigger_times,
                 )
             return ProxyState(self._node, graphs, changes)
 

@@ -32,6 +32,9 @@ class ChangeSet:
     stale_endpoints: tuple[StaleEndpoint, ...] = ()
     stale_service_ips: frozenset[str] = frozenset()
     newly_active_services: frozenset[ServicePortName] = frozenset()
+    #: Earliest EndpointSlice ``last-change-trigger-time`` (epoch seconds) per changed Service
+    #: ("ns/name"): the start of the network programming latency.
+    trigger_times: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:

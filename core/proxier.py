@@ -37,6 +37,11 @@ class Proxier:
         self.listeners: list[SyncListener] = []
         self._need_full = True
 
+    @property
+    def next_sync_full(self) -> bool:
+        """True if the next sync will be a full one (first sync, or after a failure)."""
+        return self._need_full
+
     def sync(self, full: bool = False) -> bool:
         """One sync. Returns False if it failed; the previous rules then stay in place."""
         state = self.cluster.checkout(full=full or self._need_full)
@@ -45,7 +50,7 @@ class Proxier:
         started = time.monotonic()
         self.status.last_attempt = time.time()
         try:
-            with _collector_paused():
+            with collector_paused():
                 result = self.backend.sync(state)
         except KubeplexError as err:
             return self._failed(str(err))
@@ -81,7 +86,7 @@ class Proxier:
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """A render allocates hundreds of thousands of strings: no collector passes meanwhile."""
     was_enabled = gc.isenabled()
     gc.disable()

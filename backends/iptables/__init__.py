@@ -174,6 +174,10 @@ class IptablesBackend(Backend):
                 # NodePort addresses follow the interfaces; a change re-renders everything.
                 self._host_addresses = kernel.interface_addresses()
             counts["restores"] += 1
+            fam = plan.family.value
+            for table, written in (("filter", plan.filter), ("nat", plan.nat)):
+                counts[f"iptables_total_{table}_{fam}"] = renderer.rules_owned[table]
+                counts[f"iptables_last_{table}_{fam}"] = sum(map(len, written.values()))
             counts["rules"] += sum(len(r) for r in plan.filter.values()) + sum(
                 len(r) for r in plan.nat.values()
             )

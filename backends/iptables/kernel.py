@@ -141,7 +141,11 @@ class IptablesKernel:
         )
 
     def sysctl(self, key: str, value: str) -> None:
-        execer.run(["sysctl", "-q", "-w", f"{key}={value}"], self.netns)
+        """Set a sysctl only if it differs: /proc/sys may be read-only to an unprivileged proxy
+        whose init container already set it."""
+        current = execer.run(["sysctl", "-n", key], self.netns, check=False).stdout.strip()
+        if current != value:
+            execer.run(["sysctl", "-q", "-w", f"{key}={value}"], self.netns)
 
     def ensure_nfacct(self, counters: tuple[str, ...]) -> frozenset[str]:
         """Create nfacct counters; returns those that exist (empty where nfacct is unsupported)."""

@@ -188,6 +188,8 @@ class FamilyRenderer:
         self._order: list[ServicePortName] = []
         self._shared: dict[tuple[str, str], tuple[str, ...]] = {}
         self._no_local = {"internal": 0, "external": 0}
+        #: Rules kubeplex owns in each table after the last apply (a metric).
+        self.rules_owned = {"filter": 0, "nat": 0}
 
     def invalidate(self) -> None:
         self.force_full = True
@@ -323,8 +325,18 @@ class FamilyRenderer:
         if plan.full:
             self.applied_filter = dict(plan.filter_wanted)
             self.applied_nat = dict(plan.nat_wanted)
-        else:
-            self.applied_filter.update(plan.filter)
-            self.applied_nat.update(plan.nat)
+            self.rules_owned = {
+                "filter": sum(map(len, self.applied_filter.values())),
+                "nat": sum(map(len, self.applied_nat.values())),
+            }
+            return
+        owned = self.rules_owned
+        for table, applied, written in (
+            ("filter", self.applied_filter, plan.filter),
+            ("nat", self.applied_nat, plan.nat),
+        ):
+            for chain, rules in written.items():
+                owned[table] += len(rules) - len(applied.get(chain, ()))
+            applied.update(written)
         for chain in plan.delete:
-            self.applied_nat.pop(chain, None)
+            owned["nat"] -= len(self.applied_nat.pop(chain, ()))

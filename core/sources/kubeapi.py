@@ -1,0 +1,931 @@
+"""Cluster state from the Kubernetes API: list+watch of Services, EndpointSlices and the own Node.
+
+One daemon thread per resource runs a reflector loop like client-go's:
+
+* **list** (paged with ``limit``/``continue``) into a buffer; only a *complete* list is applied,
+  as a diff against what was applied before (new or changed objects set, vanished ones
+  deleted), under the cluster's batch lock, so a sync never sees half a relist;
+* **watch** from the list's resourceVersion with ``allowWatchBookmarks`` and a bounded,
+  jittered ``timeoutSeconds``; a clean end re-watches from the last resourceVersion seen
+  (events and bookmarks advance it);
+* ``410 Gone``/``Expired`` (too old resourceVersion) relists at once; any other watch or list
+  failure (dropped connection, 5xx, 403, unreachable server) relists with exponential backoff
+  (tenacity). Nothing is ever deleted because a request failed: the working rules stay until a
+  complete list says an object is gone;
+* every ``configSyncPeriod`` the resource is relisted (0: never).
+
+Services and EndpointSlices are listed with upstream kube-proxy's label selector
+(:data:`PROXY_LABEL_SELECTOR`: no headless, no other service proxy); the Node with the field
+selector ``metadata.name=<node>``. Objects are fed to :class:`ClusterState` in their raw API
+(dict) form, exactly as the manifest source feeds them.
+
+Permissions: list/watch services, endpointslices and nodes, and create/patch events — a subset
+of ``system:node-proxier`` plus event recording.
+
+The Python client speaks JSON only: ``clientConnection.contentType`` (protobuf by default)
+falls back to JSON; ``clientConnection.qps``/``burst`` drive a client-side token bucket
+(:class:`TokenBucket`) in front of every list and watch request, which the Python client does
+not have on its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import re
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import kubernetes.client as k8s
+import kubernetes.config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    wait_exponential,
+    wait_random,
+)
+
+from kubeplex.core.cluster import ClusterState, ErrorSink
+from kubeplex.core.config import ClientConnectionConfiguration, KubeProxyConfiguration
+from kubeplex.core.errors import InvalidObject, KubeplexError
+from kubeplex.core.graph import ProxyState
+from kubeplex.core.model import IPFamily
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+
+#: Upstream kube-proxy's informer selector for Services and EndpointSlices
+#: (``!service.kubernetes.io/service-proxy-name`` and ``!service.kubernetes.io/headless``, as
+#: ``labels.Selector.String()`` prints them: sorted by key).
+PROXY_LABEL_SELECTOR = "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name"
+
+#: Event reason for an object kubeplex cannot program.
+REASON_FAILED_TO_PROGRAM = "FailedToProgram"
+DEFAULT_COMPONENT = "kube-proxy"
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+
+SERVICES = "services"
+ENDPOINTSLICES = "endpointslices"
+NODES = "nodes"
+RESOURCES = (SERVICES, ENDPOINTSLICES, NODES)
+
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
+)
+
+
+# --------------------------------------------------------------------------------- client
+
+
+def load_client_configuration(cc: ClientConnectionConfiguration) -> Any:
+    """A dedicated ``kubernetes.client.Configuration`` (never the global default).
+
+    From ``clientConnection.kubeconfig`` if set, else the in-cluster service account, like
+    upstream kube-proxy (which does not fall back to ``~/.kube/config`` either).
+    """
+    conf = k8s.Configuration()
+    if cc.kubeconfig:
+        try:
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=cc.kubeconfig, client_configuration=conf, persist_config=False
+            )
+        except (k8s_config.ConfigException, OSError, ValueError, TypeError) as err:
+            raise KubeplexError(
+                f"clientConnection.kubeconfig {cc.kubeconfig}: cannot load: {err}"
+            ) from err
+    else:
+        try:
+            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=conf
+            )
+        except k8s_config.ConfigException as err:
+            raise KubeplexError(
+                "no Kubernetes API to talk to: clientConnection.kubeconfig is empty and this is "
+                f"not a pod with a service account ({err}); set clientConnection.kubeconfig in "
+                "--config, or run from files with --manifests PATH"
+            ) from err
+    if cc.content_type and cc.content_type != "application/json":
+        log.info(
+            "clientConnection.contentType %s: the Python client speaks JSON only, using JSON",
+            cc.content_type,
+        )
+    return conf
+
+
+def make_api_client(cc: ClientConnectionConfiguration) -> Any:
+    """A ``kubernetes.client.ApiClient`` for ``clientConnection``."""
+    return k8s.ApiClient(load_client_configuration(cc))
+
+
+# --------------------------------------------------------------------------------- rate limit
+
+
+class TokenBucket:
+    """client-go's flowcontrol token bucket: ``burst`` requests at once, ``qps`` sustained.
+
+    ``qps <= 0`` disables the limit (as client-go does for a negative QPS).
+    """
+
+    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.qps = qps
+        self.burst = max(1, burst)
+        self._clock = clock
+        self._tokens = float(self.burst)
+        self._last = clock()
+        self._lock = threading.Lock()
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.qps)
+        self._last = now
+
+    def reserve(self) -> float:
+        """Take a token; return how long to wait before using it (0: now)."""
+        if self.qps <= 0:
+            return 0.0
+        with self._lock:
+            self._refill()
+            self._tokens -= 1.0
+            return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
+
+    def try_acquire(self) -> bool:
+        """Take a token only if one is available now."""
+        if self.qps <= 0:
+            return True
+        with self._lock:
+            self._refill()
+            if self._tokens >= 1.0:
+                self._tokens -= 1.0
+                return True
+            return False
+
+    def acquire(self, stop: threading.Event | None = None) -> bool:
+        """Wait for a token; False if ``stop`` was set meanwhile."""
+        delay = self.reserve()
+        if delay <= 0:
+            return stop is None or not stop.is_set()
+        if stop is None:
+            time.sleep(delay)
+            return True
+        return not stop.wait(delay)
+
+
+# --------------------------------------------------------------------------------- cluster
+
+
+class GatedClusterState(ClusterState):
+    """A :class:`ClusterState` that cannot be checked out before the initial sync, nor in the
+    middle of a relist.
+
+    ``checkout()`` blocks until :meth:`open` (the API source calls it once the Services,
+    EndpointSlices and Node lists are all complete) and takes the batch lock, which the source
+    holds while it applies a relist: a sync sees the cluster before or after a relist, never
+    half of one, and never a cluster whose lists are incomplete (which would delete the rules
+    of every Service not listed yet).
+    """
+
+    def __init__(
+        self,
+        node_name: str,
+        families: Iterable[IPFamily] = (IPFamily.IPv4, IPFamily.IPv6),
+        on_invalid: ErrorSink | None = None,
+    ) -> None:
+        super().__init__(node_name, families, on_invalid)
+        self._gate = threading.Condition(threading.RLock())
+        self._open = False
+        self._closed = False
+
+    def batch(self) -> contextlib.AbstractContextManager[Any]:
+        """Hold while applying several changes that must be seen together."""
+        return self._gate
+
+    def open(self) -> None:
+        with self._gate:
+            self._open = True
+            self._gate.notify_all()
+
+    def close(self) -> None:
+        """The source gave up: a blocked checkout raises instead of waiting forever."""
+        with self._gate:
+            self._closed = True
+            self._gate.notify_all()
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    def checkout(self, full: bool = False) -> ProxyState:
+        with self._gate:
+            while not self._open:
+                if self._closed:
+                    raise KubeplexError(
+                        "the Kubernetes API source stopped before its initial sync: "
+                        "nothing may be programmed from an incomplete cluster"
+                    )
+                self._gate.wait()
+            return super().checkout(full)
+
+
+# --------------------------------------------------------------------------------- events
+
+
+def _now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class _Posted:
+    name: str
+    namespace: str
+    count: int
+
+
+class EventRecorder:
+    """Posts core/v1 Events about objects kubeplex cannot program, off the watch threads.
+
+    Like client-go's recorder: identical events (same object, reason and message) are
+    aggregated into one Event whose ``count`` is patched; each object may produce ``burst``
+    events, then one per ``refill_seconds`` (EventSourceObjectSpamFilter); a full queue drops
+    events rather than blocking a watch. Every event is also logged.
+    """
+
+    def __init__(
+        self,
+        api: Any,
+        node_name: str,
+        *,
+        component: str = DEFAULT_COMPONENT,
+        burst: int = 25,
+        refill_seconds: float = 300.0,
+        queue_size: int = 1000,
+        max_tracked: int = 4096,
+        request_timeout: tuple[float, float] = (5.0, 10.0),
+    ) -> None:
+        self._core = k8s.CoreV1Api(api)
+        self.request_timeout = request_timeout
+        self.node_name = node_name
+        self.component = component
+        self._burst = burst
+        self._refill = refill_seconds
+        self._max_tracked = max_tracked
+        self._queue: deque[tuple[JSON, str, str, str]] = deque()
+        self._busy = False
+        self._queue_size = queue_size
+        self._cond = threading.Condition()
+        self._stop = False
+        self._buckets: OrderedDict[tuple[str, ...], TokenBucket] = OrderedDict()
+        self._posted: OrderedDict[tuple[str, ...], _Posted] = OrderedDict()
+        self._thread: threading.Thread | None = None
+        self.posted = 0
+        self.dropped = 0
+        self.failed = 0
+
+    # the ClusterState sink
+    def invalid_object(self, err: InvalidObject, obj: Mapping[str, Any]) -> None:
+        message = "; ".join(str(e) for e in err.errors) or str(err)
+        self.record(
+            obj,
+            "Warning",
+            REASON_FAILED_TO_PROGRAM,
+            f"kubeplex cannot program this object, the last valid version stays in effect: "
+            f"{message}",
+        )
+
+    def record(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """Queue an event about ``obj`` (a raw API object). Never blocks."""
+        ref = _object_reference(obj)
+        where = f"{ref.get('kind', '?')} {ref.get('namespace', '')}/{ref.get('name', '')}"
+        log.warning("event %s %s on %s: %s", type_, reason, where.replace(" /", " "), message)
+        key = (ref.get("kind", ""), ref.get("namespace", ""), ref.get("name", ""))
+        with self._cond:  # watch threads of different resources report concurrently
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = TokenBucket(1.0 / self._refill, self._burst)
+                self._buckets[key] = bucket
+                while len(self._buckets) > self._max_tracked:
+                    self._buckets.popitem(last=False)
+            if not bucket.try_acquire() or len(self._queue) >= self._queue_size:
+                self.dropped += 1
+                return
+            self._queue.append((ref, type_, reason, message[:1024]))
+            self._cond.notify()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop = False
+            self._thread = threading.Thread(target=self._run, name="kubeapi-events", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until the queue is empty (tests, shutdown). False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stop:
+                    self._cond.wait()
+                if self._stop:
+                    return
+                item = self._queue.popleft()
+                self._busy = True
+            try:
+                self._post(*item)
+            except Exception as err:  # an event must never take anything down
+                self.failed += 1
+                log.warning("could not record event %s on %s: %s", item[2], item[0], err)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _post(self, ref: JSON, type_: str, reason: str, message: str) -> None:
+        namespace = ref.get("namespace") or "default"
+        key = (
+            ref.get("kind", ""),
+            namespace,
+            ref.get("name", ""),
+            ref.get("uid", ""),
+            type_,
+            reason,
+            message,
+        )
+        now = _now_rfc3339()
+        seen = self._posted.get(key)
+        if seen is not None:
+            try:
+                self._core.patch_namespaced_event(
+                    seen.name,
+                    seen.namespace,
+                    {"count": seen.count + 1, "lastTimestamp": now},
+                    _preload_content=False,
+                    _request_timeout=self.request_timeout,
+                )
+                seen.count += 1
+                self.posted += 1
+                self._posted.move_to_end(key)
+                return
+            except ApiException as err:
+                if err.status != 404:  # gone (events expire): create a fresh one
+                    raise
+                del self._posted[key]
+        name = str(ref.get("name", ""))
+        if not _DNS1123_SUBDOMAIN.match(name) or len(name) > 200:
+            name = "kubeplex"
+        event_name = f"{name}.{time.time_ns():x}"
+        body: JSON = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": event_name, "namespace": namespace},
+            "involvedObject": ref,
+            "reason": reason,
+            "message": message,
+            "type": type_,
+            "source": {"component": self.component, "host": self.node_name},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "reportingComponent": self.component,
+            "reportingInstance": self.node_name,
+        }
+        # The generated client validates a dict body into its CoreV1Event model.
+        self._core.create_namespaced_event(
+            namespace,
+            body,  # type: ignore[arg-type]
+            _preload_content=False,
+            _request_timeout=self.request_timeout,
+        )
+        self.posted += 1
+        self._posted[key] = _Posted(event_name, namespace, 1)
+        while len(self._posted) > self._max_tracked:
+            self._posted.popitem(last=False)
+
+
+def _object_reference(obj: Mapping[str, Any]) -> JSON:
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    ref: JSON = {"kind": str(obj.get("kind", "")), "apiVersion": str(obj.get("apiVersion", ""))}
+    for src, dst in (
+        ("name", "name"),
+        ("namespace", "namespace"),
+        ("uid", "uid"),
+        ("resourceVersion", "resourceVersion"),
+    ):
+        value = meta.get(src)
+        if isinstance(value, str) and value:
+            ref[dst] = value
+    if ref["kind"] == "Node":
+        ref.pop("namespace", None)
+    return ref
+
+
+# --------------------------------------------------------------------------------- source
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is too old (410 Gone / Expired): relist now."""
+
+
+class _WatchError(Exception):
+    """The server ended a watch with an ERROR event other than 410."""
+
+
+class _Stopped(Exception):
+    pass
+
+
+@dataclass
+class _Resource:
+    name: str
+    kind: str
+    api_version: str
+    list_fn: Callable[..., Any]
+    label_selector: str = ""
+    field_selector: str = ""
+    #: what was last applied, by key (namespace/name, or name for the Node)
+    known: dict[str, JSON] = field(default_factory=dict)
+    rv: str = ""
+    synced: threading.Event = field(default_factory=threading.Event)
+    last_list: float = float("-inf")
+    lists: int = 0
+    watches: int = 0
+    healthy: bool = False
+    last_error: str = ""
+    response: Any = None
+    thread: threading.Thread | None = None
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+def _rv_of(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("resourceVersion") or "")
+
+
+def _iter_lines(resp: Any) -> Iterator[bytes]:
+    """Newline-delimited JSON frames of a watch response, as they arrive."""
+    buffer = bytearray()
+    for chunk in resp.stream(amt=None, decode_content=True):
+        buffer.extend(chunk)
+        while True:
+            nl = buffer.find(b"\n")
+            if nl < 0:
+                break
+            line = bytes(buffer[:nl]).strip()
+            del buffer[: nl + 1]
+            if line:
+                yield line
+    tail = bytes(buffer).strip()
+    if tail:
+        yield tail
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, ApiException):
+        message = ""
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            message = json.loads(err.body or "{}").get("message", "")
+        return f"HTTP {err.status} {err.reason}" + (f": {message}" if message else "")
+    return f"{type(err).__name__}: {err}"
+
+
+class KubeApiSource:
+    """List+watch of the cluster objects kube-proxy programs, fed into a ClusterState.
+
+    ``start()`` launches one daemon thread per resource; ``wait_for_initial_sync()`` tells
+    when the Services, EndpointSlices and the Node have been listed completely; ``stop()``
+    returns promptly (open watches are shut down, threads are daemons).
+
+    By default the source makes its own :class:`GatedClusterState` (``self.cluster``) whose
+    invalid objects become Events through ``self.events``. A plain ``ClusterState`` may be
+    passed instead; it is then up to the caller not to check it out before
+    ``wait_for_initial_sync()``, and a relist is applied as one diff but not under a lock.
+    """
+
+    def __init__(
+        self,
+        api: Any,
+        node_name: str,
+        *,
+        cluster: ClusterState | None = None,
+        families: Iterable[IPFamily] = (IPFamily.IPv4, IPFamily.IPv6),
+        events: EventRecorder | None = None,
+        qps: float = 5.0,
+        burst: int = 10,
+        config_sync_period: float = 15 * 60.0,
+        watch_timeout: float = 5 * 60.0,
+        page_size: int = 500,
+        backoff_initial: float = 0.8,
+        backoff_max: float = 30.0,
+        connect_timeout: float = 10.0,
+        request_timeout: float = 60.0,
+        label_selector: str = PROXY_LABEL_SELECTOR,
+    ) -> None:
+        self.api = api
+        self.node_name = node_name
+        self.events = events if events is not None else EventRecorder(api, node_name)
+        self.cluster: ClusterState = (
+            cluster
+            if cluster is not None
+            else GatedClusterState(node_name, families, on_invalid=self.events.invalid_object)
+        )
+        self.limiter = TokenBucket(qps, burst)
+        self.config_sync_period = config_sync_period
+        self.watch_timeout = watch_timeout
+        self.page_size = page_size
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        core, discovery = k8s.CoreV1Api(api), k8s.DiscoveryV1Api(api)
+        self._resources = {
+            SERVICES: _Resource(
+                SERVICES,
+                "Service",
+                "v1",
+                core.list_service_for_all_namespaces,
+                label_selector=label_selector,
+            ),
+            ENDPOINTSLICES: _Resource(
+                ENDPOINTSLICES,
+                "EndpointSlice",
+                "discovery.k8s.io/v1",
+                discovery.list_endpoint_slice_for_all_namespaces,
+                label_selector=label_selector,
+            ),
+            NODES: _Resource(
+                NODES, "Node", "v1", core.list_node, field_selector=f"metadata.name={node_name}"
+            ),
+        }
+        self._stop = threading.Event()
+        self._synced = threading.Event()
+        self._node_seen = False
+        self._started = False
+        self._owns_api = False
+
+    @classmethod
+    def from_config(
+        cls, cfg: KubeProxyConfiguration, node_name: str, **kwargs: Any
+    ) -> KubeApiSource:
+        """A source for ``cfg.client_connection`` and ``cfg.config_sync_period``."""
+        cc = cfg.client_connection
+        api = make_api_client(cc)
+        kwargs.setdefault("qps", cc.qps)
+        kwargs.setdefault("burst", cc.burst)
+        kwargs.setdefault("config_sync_period", cfg.config_sync_period)
+        source = cls(api, node_name, **kwargs)
+        source._owns_api = True
+        return source
+
+    # ------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> KubeApiSource:
+        if self._started:
+            return self
+        self._started = True
+        self._stop.clear()
+        self.events.start()
+        for r in self._resources.values():
+            r.thread = threading.Thread(
+                target=self._run, args=(r,), name=f"kubeapi-{r.name}", daemon=True
+            )
+            r.thread.start()
+        return self
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop every thread; returns within about ``timeout`` seconds even if a request is
+        still hanging (its daemon thread ends when the request does)."""
+        self._stop.set()
+        for r in self._resources.values():
+            resp = r.response
+            if resp is not None:
+                with contextlib.suppress(Exception):
+                    resp.shutdown()
+        if isinstance(self.cluster, GatedClusterState) and not self.cluster.is_open:
+            self.cluster.close()
+        deadline = time.monotonic() + timeout
+        for r in self._resources.values():
+            if r.thread is not None:
+                r.thread.join(max(0.0, deadline - time.monotonic()))
+        # Events already queued (an invalid object seen by `run --once`) get a moment to go out.
+        self.events.flush(max(0.0, min(1.0, deadline - time.monotonic())))
+        self.events.stop(max(0.05, deadline - time.monotonic()))
+        self._started = False
+        if self._owns_api:
+            with contextlib.suppress(Exception):
+                self.api.close()  # idle pooled connections; a hanging request just fails
+
+    # ------------------------------------------------------------------------- queries
+
+    def wait_for_initial_sync(self, timeout: float | None = None) -> bool:
+        """True once Services, EndpointSlices and the Node have each been listed completely;
+        False if ``timeout`` passed first or the source was stopped."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._synced.is_set():
+            if self._stop.is_set():
+                return False
+            left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            self._synced.wait(left)
+        return True
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    @property
+    def pending(self) -> tuple[str, ...]:
+        """Resources whose initial list is not complete yet."""
+        return tuple(n for n, r in self._resources.items() if not r.synced.is_set())
+
+    @property
+    def last_error(self) -> str:
+        """The most recent list/watch failure, '' if none (for logs and health)."""
+        return "; ".join(
+            f"{r.name}: {r.last_error}" for r in self._resources.values() if r.last_error
+        )
+
+    @property
+    def node_deleting(self) -> bool:
+        """The own Node has a deletionTimestamp, or was deleted after it had been seen
+        (healthz reports such a node as not eligible, like upstream)."""
+        node = self._resources[NODES].known.get(self.node_name)
+        if node is None:
+            return self._node_seen and self._resources[NODES].synced.is_set()
+        return (node.get("metadata") or {}).get("deletionTimestamp") is not None
+
+    @property
+    def resource_versions(self) -> dict[str, str]:
+        return {n: r.rv for n, r in self._resources.items()}
+
+    def list_count(self, resource: str) -> int:
+        """How many complete lists of ``resource`` were applied (1 + relists)."""
+        return self._resources[resource].lists
+
+    @property
+    def host(self) -> str:
+        return str(getattr(self.api.configuration, "host", ""))
+
+    # ------------------------------------------------------------------------- reflector
+
+    def _run(self, r: _Resource) -> None:
+        while not self._stop.is_set():
+            retrying = Retrying(
+                retry=retry_if_exception(lambda e: not isinstance(e, _Stopped)),
+                wait=wait_exponential(multiplier=self.backoff_initial, max=self.backoff_max)
+                + wait_random(0, self.backoff_initial),
+                stop=lambda _: self._stop.is_set(),
+                sleep=self._sleep,
+                before_sleep=lambda state: self._log_retry(r, state),
+                retry_error_callback=lambda _: None,
+            )
+            try:
+                retrying(self._cycle, r)
+            except _Stopped:
+                return
+            except Exception:  # never let the thread die; tenacity re-raised something odd
+                log.exception("%s: list+watch loop failed", r.name)
+                self._stop.wait(self.backoff_max)
+
+    def _sleep(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
+    def _log_retry(self, r: _Resource, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        r.last_error = _describe(exc) if exc is not None else "unknown error"
+        sleep = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning(
+            "%s: list/watch failed (attempt %d), relisting in %.1fs; rules stay as they are: %s",
+            r.name,
+            state.attempt_number,
+            sleep,
+            r.last_error,
+        )
+
+    def _cycle(self, r: _Resource) -> None:
+        """List, apply, watch until a relist is needed. Returns normally when the next relist
+        may start at once (410, a periodic relist, or a watch that had been working); raises to
+        back off."""
+        r.healthy = False
+        items, rv = self._list(r)
+        self._replace(r, items, rv)
+        r.last_error = ""
+        while not self._stop.is_set():
+            if self.config_sync_period > 0:
+                left = r.last_list + self.config_sync_period - time.monotonic()
+                if left <= 0:
+                    log.info("%s: periodic relist (configSyncPeriod)", r.name)
+                    return
+            else:
+                left = float("inf")
+            try:
+                self._watch(r, left)
+            except _Expired as err:
+                log.info("%s: watch expired (%s): relisting", r.name, err)
+                return
+            except _Stopped:
+                raise
+            except Exception as err:
+                if self._stop.is_set():
+                    raise _Stopped() from err
+                if not r.healthy:
+                    raise
+                r.last_error = _describe(err)
+                log.warning("%s: watch broke (%s): relisting", r.name, r.last_error)
+                # a little jitter, so a restarted API server is not relisted by all at once
+                self._stop.wait(random.uniform(0, self.backoff_initial))
+                return
+        raise _Stopped()
+
+    def _request_kwargs(self, r: _Resource, read_timeout: float) -> JSON:
+        kwargs: JSON = {
+            "_preload_content": False,
+            "_request_timeout": (self.connect_timeout, read_timeout),
+        }
+        if r.label_selector:
+            kwargs["label_selector"] = r.label_selector
+        if r.field_selector:
+            kwargs["field_selector"] = r.field_selector
+        return kwargs
+
+    def _list(self, r: _Resource) -> tuple[dict[str, JSON], str]:
+        """A complete list (all pages) in memory; nothing is applied before it is complete."""
+        items: dict[str, JSON] = {}
+        token = ""
+        paged = self.page_size > 0
+        while True:
+            if not self.limiter.acquire(self._stop):
+                raise _Stopped()
+            kwargs = self._request_kwargs(r, self.request_timeout)
+            if paged:
+                kwargs["limit"] = self.page_size
+            if token:
+                kwargs["_continue"] = token
+            try:
+                resp = r.list_fn(**kwargs)
+            except ApiException as err:
+                if err.status == 410 and token:
+                    # The snapshot of the paged list expired: start over in one piece.
+                    log.info("%s: continue token expired, listing again without paging", r.name)
+                    items.clear()
+                    token, paged = "", False
+                    continue
+                raise
+            try:
+                body = json.loads(resp.data)
+            finally:
+                resp.release_conn()
+            for item in body.get("items") or []:
+                # List items lack TypeMeta; give them the kind a manifest or watch event has.
+                item.setdefault("kind", r.kind)
+                item.setdefault("apiVersion", r.api_version)
+                items[_key(item)] = item
+            meta = body.get("metadata") or {}
+            token = meta.get("continue") or ""
+            if not token:
+                return items, str(meta.get("resourceVersion") or "")
+
+    def _replace(self, r: _Resource, items: dict[str, JSON], rv: str) -> None:
+        """Apply a complete list as one batch: set what is new or changed, delete what is gone."""
+        batch = (
+            self.cluster.batch()
+            if isinstance(self.cluster, GatedClusterState)
+            else contextlib.nullcontext()
+        )
+        with batch:
+            for key, obj in items.items():
+                old = r.known.get(key)
+                if old is None or _rv_of(old) != _rv_of(obj) or not _rv_of(obj):
+                    self._set(r, obj)
+            gone = [k for k in r.known if k not in items]
+            for key in gone:
+                self._delete(r, r.known[key])
+            r.known = items
+            r.rv = rv
+            r.lists += 1
+            r.last_list = time.monotonic()
+        if gone:
+            log.info("%s: relist removed %d objects deleted meanwhile", r.name, len(gone))
+        if not r.synced.is_set():
+            r.synced.set()
+            log.info("%s: initial list complete (%d objects)", r.name, len(items))
+            if all(x.synced.is_set() for x in self._resources.values()):
+                if not self._resources[NODES].known:
+                    log.warning(
+                        "node %s not found: rules are programmed without its zone and pod CIDR",
+                        self.node_name,
+                    )
+                if isinstance(self.cluster, GatedClusterState):
+                    self.cluster.open()
+                self._synced.set()
+
+    def _watch(self, r: _Resource, max_seconds: float) -> None:
+        """One watch request, bounded by ``timeoutSeconds``; returns when it ends cleanly."""
+        seconds = self.watch_timeout * (1.0 + random.random())
+        timeout = max(1, int(min(seconds, max_seconds)))
+        if not self.limiter.acquire(self._stop):
+            raise _Stopped()
+        kwargs = self._request_kwargs(r, timeout + max(5.0, self.connect_timeout))
+        kwargs.update(
+            watch=True,
+            resource_version=r.rv,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout,
+        )
+        try:
+            resp = r.list_fn(**kwargs)
+        except ApiException as err:
+            if err.status == 410:
+                raise _Expired(_describe(err)) from err
+            raise
+        r.response = resp
+        r.watches += 1
+        try:
+            if self._stop.is_set():
+                raise _Stopped()
+            for line in _iter_lines(resp):
+                if self._stop.is_set():
+                    raise _Stopped()
+                self._handle(r, json.loads(line))
+                r.healthy = True
+            r.healthy = True  # a clean end (timeoutSeconds) is a working watch too
+        finally:
+            r.response = None
+            with contextlib.suppress(Exception):
+                resp.release_conn()
+
+    def _handle(self, r: _Resource, event: Mapping[str, Any]) -> None:
+        typ = event.get("type")
+        obj = event.get("object")
+        if not isinstance(obj, dict):
+            raise _WatchError(f"watch event {typ} without an object")
+        if typ == "ERROR":
+            code = obj.get("code")
+            message = f"{obj.get('reason', '')}: {obj.get('message', '')}"
+            if code == 410 or obj.get("reason") in ("Expired", "Gone"):
+                raise _Expired(message)
+            raise _WatchError(f"HTTP {code} {message}")
+        rv = _rv_of(obj)
+        if typ in ("ADDED", "MODIFIED"):
+            obj.setdefault("kind", r.kind)
+            obj.setdefault("apiVersion", r.api_version)
+            r.known[_key(obj)] = obj
+            self._set(r, obj)
+        elif typ == "DELETED":
+            old = r.known.pop(_key(obj), None)
+            self._delete(r, old if old is not None else obj)
+        elif typ != "BOOKMARK":
+            log.warning("%s: ignoring watch event of type %r", r.name, typ)
+            return
+        if rv:
+            r.rv = rv
+
+    def _set(self, r: _Resource, obj: JSON) -> None:
+        if r.name == SERVICES:
+            self.cluster.set_service(obj)
+        elif r.name == ENDPOINTSLICES:
+            self.cluster.set_endpoint_slice(obj)
+        else:
+            self._node_seen = True
+            self.cluster.set_node(obj)
+
+    def _delete(self, r: _Resource, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        if r.name == SERVICES:
+            self.cluster.delete_service(ns, name)
+        elif r.name == ENDPOINTSLICES:
+            self.cluster.delete_endpoint_slice(ns, name)
+        else:
+            # Upstream keeps the last node state too; health reports the node as going away.
+            log.warning("node %s was deleted; keeping its last labels and pod CIDRs", name)

@@ -1,0 +1,333 @@
+"""Conntrack cleanup after a sync: which entries are stale (pure), and real UDP flows in a lab.
+
+The kernel tests pin a client's UDP 5-tuple (fixed source port) so every datagram rides one
+conntrack entry, change the Service, sync, and look at who answers the next datagram: with
+the cleanup the flow is load-balanced again, without it the stale entry keeps sending it to
+the old place (a removed endpoint, or nowhere).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pytest
+
+from kubeplex.core.backend import SyncResult
+from kubeplex.core.cluster import ClusterState
+from kubeplex.core.conntrack import (
+    SCTP,
+    UDP,
+    ConntrackCleaner,
+    Flow,
+    FlowFilter,
+    NetlinkConntrack,
+    clear_flows,
+    stale_flow_filters,
+)
+from kubeplex.core.model import IPFamily
+from kubeplex.testing.dataplane import (
+    DataplaneCluster,
+    DataplaneUnavailable,
+    cluster,
+    endpoint,
+    endpoint_slice,
+    service,
+)
+from kubeplex.testing.netlab import (
+    CLIENT_POD,
+    NODE1,
+    UDP_PORT,
+    WEB_A,
+    WEB_B,
+    WEB_C,
+    reap_stale,
+)
+
+NODE = "node-a"
+VIP = "10.96.0.10"
+EP_A, EP_B = "10.244.1.2", "10.244.2.2"
+
+
+# ----------------------------------------------------------------------------- stale filters
+
+
+def udp_service(**extra: Any) -> dict[str, Any]:
+    return service(
+        "dns", VIP, 53, target_port=8081, protocol="UDP", type="LoadBalancer", node_port=30053,
+        external_ips=["192.0.2.1"], load_balancer_ips=["192.0.2.2"], **extra,
+    )  # fmt: skip
+
+
+def dns_slice(*ips: str, protocol: str = "UDP") -> dict[str, Any]:
+    return endpoint_slice("dns", [endpoint(ip, NODE) for ip in ips], port=8081, protocol=protocol)
+
+
+def test_a_stale_endpoint_clears_flows_to_every_service_address_dnated_to_it() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(dns_slice(EP_A, EP_B))
+    first = stale_flow_filters(state.checkout())
+    assert first == {  # 0 -> 2 endpoints: newly active, flows to it may be blackholed
+        IPFamily.IPv4: [
+            FlowFilter(UDP, VIP, 53, reason="default/dns has endpoints again"),
+            FlowFilter(UDP, "192.0.2.1", 53, reason="default/dns has endpoints again"),
+            FlowFilter(UDP, "192.0.2.2", 53, reason="default/dns has endpoints again"),
+            FlowFilter(UDP, None, 30053, reason="default/dns has endpoints again"),
+        ]
+    }
+    state.set_endpoint_slice(dns_slice(EP_A))
+    why = f"default/dns lost endpoint {EP_B}:8081"
+    assert stale_flow_filters(state.checkout()) == {
+        IPFamily.IPv4: [
+            FlowFilter(UDP, VIP, None, EP_B, 8081, why),
+            FlowFilter(UDP, "192.0.2.1", None, EP_B, 8081, why),
+            FlowFilter(UDP, "192.0.2.2", None, EP_B, 8081, why),
+            FlowFilter(UDP, None, 30053, EP_B, 8081, why),
+        ]
+    }
+    state.set_endpoint_slice(dns_slice(EP_A))  # no change: nothing to clear
+    assert stale_flow_filters(state.checkout()) == {}
+
+
+def test_a_deleted_service_clears_its_cluster_ip() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(dns_slice(EP_A))
+    state.checkout()
+    state.delete_service("default", "dns")
+    why = f"service IP {VIP} deleted"
+    # The endpoint is stale too, but its Service is gone: the cluster IP covers it.
+    assert stale_flow_filters(state.checkout()) == {
+        IPFamily.IPv4: [FlowFilter(UDP, VIP, reason=why), FlowFilter(SCTP, VIP, reason=why)]
+    }
+
+
+def test_sctp_flows_of_a_stale_ip_stay_while_a_live_sctp_port_uses_the_ip() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    two = service("sig", VIP, 53, protocol="SCTP")
+    two["spec"]["ports"] = [
+        {"name": "a", "port": 53, "protocol": "UDP"},
+        {"name": "b", "port": 2905, "protocol": "SCTP"},
+    ]
+    state.set_service(two)
+    state.checkout()
+    two["spec"]["ports"] = two["spec"]["ports"][1:]
+    state.set_service(two)
+    filters = stale_flow_filters(state.checkout())[IPFamily.IPv4]
+    assert filters == [FlowFilter(UDP, VIP, reason=f"service IP {VIP} deleted")]
+
+
+def test_tcp_changes_clear_nothing() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(service("web", VIP, 80))
+    state.set_endpoint_slice(endpoint_slice("web", [endpoint(EP_A, NODE)]))
+    state.checkout()
+    state.set_endpoint_slice(endpoint_slice("web", []))
+    state.delete_service("default", "web")
+    assert stale_flow_filters(state.checkout()) == {}
+
+
+# ---------------------------------------------------------------------------- the clearing
+
+
+def flow(dst: str, reply_src: str, *, proto: int = UDP, dport: int = 53, rport: int = 8081) -> Flow:
+    return Flow(proto, "10.244.1.3", dst, 40000, dport, reply_src, "10.244.1.3", rport, 40000)
+
+
+class FakeTable:
+    def __init__(self, flows: Iterable[Flow], gone: Iterable[Flow] = ()) -> None:
+        self.flows_ = list(flows)
+        self.gone = set(gone)
+        self.deleted: list[Flow] = []
+        self.closed = False
+
+    def flows(self, proto: int) -> list[Flow]:
+        return [f for f in self.flows_ if f.proto == proto]
+
+    def delete(self, flow: Flow) -> bool:
+        if flow in self.gone:
+            return False
+        self.deleted.append(flow)
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_clear_flows_deletes_only_matching_entries_and_counts_real_deletions() -> None:
+    stale = flow(VIP, EP_B)
+    expired = flow(VIP, EP_B, dport=54)
+    table = FakeTable(
+        [
+            stale,
+            expired,
+            flow(VIP, EP_A),  # a live endpoint
+            flow(VIP, EP_B, rport=9000),  # the same pod on its new port
+            flow(VIP, EP_B, proto=SCTP),  # another protocol
+            flow("10.96.0.11", EP_B),  # another Service
+        ],
+        gone=[expired],
+    )
+    assert clear_flows(table, [FlowFilter(UDP, VIP, None, EP_B, 8081)]) == 1
+    assert table.deleted == [stale]
+
+
+def test_cleaner_reports_per_family_and_survives_a_broken_table() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(dns_slice(EP_A, EP_B))
+    state.checkout()
+    state.set_endpoint_slice(dns_slice(EP_A))
+    proxy_state = state.checkout()
+    seen: list[tuple[IPFamily, int]] = []
+    tables: list[FakeTable] = []
+
+    def factory(family: IPFamily) -> FakeTable:
+        tables.append(FakeTable([flow(VIP, EP_B), flow("10.96.0.11", EP_B)]))
+        return tables[-1]
+
+    cleaner = ConntrackCleaner(
+        table_factory=factory, on_cleaned=lambda f, s, n: seen.append((f, n))
+    )
+    cleaner(proxy_state, SyncResult(full=False), 0.0)
+    assert seen == [(IPFamily.IPv4, 1)] and tables[0].closed
+    assert cleaner.deleted == {IPFamily.IPv4: 1}
+
+    def broken(family: IPFamily) -> FakeTable:
+        raise PermissionError("netlink: operation not permitted")
+
+    cleaner = ConntrackCleaner(table_factory=broken, on_cleaned=lambda f, s, n: seen.append((f, n)))
+    cleaner(proxy_state, SyncResult(full=False), 0.0)  # logged, not raised
+    assert cleaner.errors == 1 and seen[-1] == (IPFamily.IPv4, 0)
+
+    cleaner = ConntrackCleaner(table_factory=factory, enabled=False)
+    cleaner(proxy_state, SyncResult(full=False), 0.0)
+    assert len(tables) == 1
+
+
+def test_netlink_table_refuses_a_missing_namespace() -> None:
+    with pytest.raises(FileNotFoundError, match="no network namespace"):
+        NetlinkConntrack(IPFamily.IPv4, "kpx-no-such-ns")
+
+
+# --------------------------------------------------------------------------------- the kernel
+
+SOURCE_PORT = 40053
+PODS = {WEB_A: EP_A, WEB_B: "10.244.2.2", WEB_C: "10.244.2.3"}
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[DataplaneCluster]:
+    reap_stale()
+    with contextlib.ExitStack() as stack:
+        try:
+            dc = stack.enter_context(cluster("iptables"))
+        except DataplaneUnavailable as err:
+            pytest.skip(str(err))
+        yield dc
+
+
+@pytest.fixture
+def dp(shared: DataplaneCluster) -> DataplaneCluster:
+    shared.reset()
+    return shared
+
+
+def with_cleaners(dp: DataplaneCluster, enabled: bool) -> dict[str, ConntrackCleaner]:
+    """A ConntrackCleaner listening on every node's proxier, as ``kubeplex run`` wires it."""
+    cleaners = {}
+    for name, agent in dp.agents.items():
+        cleaners[name] = ConntrackCleaner(agent.netns, enabled=enabled)
+        agent.proxier.listeners.append(cleaners[name])
+    return cleaners
+
+
+def answers(dp: DataplaneCluster, count: int = 3, timeout: float = 1.0) -> list[str]:
+    results = dp.lab.udp(CLIENT_POD, VIP, 53, count=count, timeout=timeout, source_port=SOURCE_PORT)
+    return [r.body or "" if r.ok else r.outcome for r in results]
+
+
+def dns(*pods: str) -> list[dict[str, Any]]:
+    return [
+        service("dns", VIP, 53, target_port=UDP_PORT, protocol="UDP"),
+        endpoint_slice("dns", dp_endpoints(pods), port=UDP_PORT, protocol="UDP"),
+    ]
+
+
+def dp_endpoints(pods: Iterable[str]) -> list[dict[str, Any]]:
+    nodes = {WEB_A: NODE1, WEB_B: "kind-worker2", WEB_C: "kind-worker2"}
+    return [endpoint(PODS[p], nodes[p]) for p in pods]
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("cleanup", [True, False], ids=["cleanup", "no-cleanup"])
+def test_udp_flow_leaves_a_removed_endpoint_only_with_cleanup(
+    dp: DataplaneCluster, cleanup: bool
+) -> None:
+    cleaners = with_cleaners(dp, cleanup)
+    dp.set(*dns(WEB_A, WEB_B, WEB_C))
+    dp.sync_or_raise()
+    first = answers(dp)
+    assert len(set(first)) == 1 and first[0] in PODS, first  # one flow, one endpoint
+    chosen = first[0]
+
+    # The entry is there, DNATed to the chosen pod: read through the same netlink path.
+    with NetlinkConntrack(IPFamily.IPv4, dp.agent(NODE1).netns) as table:
+        mine = [f for f in table.flows(UDP) if f.orig_dst == VIP and f.orig_sport == SOURCE_PORT]
+    assert [(f.reply_src, f.reply_sport) for f in mine] == [(PODS[chosen], UDP_PORT)]
+
+    dp.set(endpoint_slice("dns", dp_endpoints(p for p in PODS if p != chosen), port=UDP_PORT,
+                          protocol="UDP"))  # fmt: skip
+    dp.sync_or_raise()
+    after = answers(dp)
+    if cleanup:
+        assert len(set(after)) == 1 and after[0] in PODS and after[0] != chosen, after
+        assert cleaners[NODE1].deleted[IPFamily.IPv4] == 1
+    else:
+        # The stale entry still sends the flow to the pod that left the Service.
+        assert after == [chosen] * 3, after
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("cleanup", [True, False], ids=["cleanup", "no-cleanup"])
+def test_blackholed_flow_reaches_a_newly_active_service_only_with_cleanup(
+    dp: DataplaneCluster, cleanup: bool
+) -> None:
+    cleaners = with_cleaners(dp, cleanup)
+    dp.set(service("other", "10.96.0.99", 80))  # the node has rules (and conntrack) already
+    dp.sync_or_raise()
+    # No dns Service yet: the node routes the datagram to its default gateway, where it dies,
+    # and conntrack remembers the flow un-NATed.
+    assert answers(dp, count=1, timeout=0.5) == ["timeout"]
+    with NetlinkConntrack(IPFamily.IPv4, dp.agent(NODE1).netns) as table:
+        mine = [f for f in table.flows(UDP) if f.orig_dst == VIP and f.orig_sport == SOURCE_PORT]
+    assert [f.reply_src for f in mine] == [VIP]  # not DNATed: a blackholed flow
+    dp.set(*dns(WEB_B, WEB_C))
+    dp.sync_or_raise()
+    after = answers(dp, count=2, timeout=0.5)
+    if cleanup:
+        assert set(after) <= {WEB_B, WEB_C} and len(set(after)) == 1, after
+        assert cleaners[NODE1].deleted[IPFamily.IPv4] == 1
+    else:
+        assert after == ["timeout", "timeout"]
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("cleanup", [True, False], ids=["cleanup", "no-cleanup"])
+def test_deleted_udp_service_takes_its_flows_along_only_with_cleanup(
+    dp: DataplaneCluster, cleanup: bool
+) -> None:
+    cleaners = with_cleaners(dp, cleanup)
+    dp.set(*dns(WEB_A))
+    dp.sync_or_raise()
+    assert answers(dp, count=1) == [WEB_A]
+    dp.delete("Service", "default", "dns")
+    dp.sync_or_raise()
+    if cleanup:
+        assert cleaners[NODE1].deleted[IPFamily.IPv4] == 1
+        assert answers(dp, count=1, timeout=0.5) == ["timeout"]
+    else:
+        # The Service and its rules are gone, yet the entry still delivers to web-a.
+        assert answers(dp, count=1) == [WEB_A]
