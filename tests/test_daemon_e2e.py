@@ -1,0 +1,172 @@
+"""The daemon as operators run it: `kubeplex run` against an API server, kept in sync through
+watch drops, with /healthz, /livez and /metrics answering, and stopped by SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer
+
+ROOT = Path(__file__).resolve().parent.parent
+LAB = ROOT / "testing" / "lab"
+
+pytestmark = pytest.mark.kernel
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    name = f"kpxd{uuid.uuid4().hex[:8]}"
+    if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
+        pytest.skip("needs root and network namespaces")
+    try:
+        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def nat(ns: str) -> str:
+    return subprocess.run(
+        ["ip", "netns", "exec", ns, "iptables-save", "-t", "nat"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def http_in(ns: str, port: int, path: str) -> tuple[int, str]:
+    """GET 127.0.0.1:port/path from inside the namespace (where the daemon's servers listen)."""
+    code = (
+        "import sys, urllib.request, urllib.error\n"
+        "try:\n"
+        f"    r = urllib.request.urlopen('http://127.0.0.1:{port}{path}', timeout=3)\n"
+        "    print(r.status); print(r.read().decode())\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code); print(e.read().decode())\n"
+    )
+    out = subprocess.run(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=10,
+    ).stdout
+    status, _, body = out.partition("\n")
+    return int(status), body
+
+
+def test_daemon_follows_the_api_through_watch_drops(tmp_path: Path, netns: str) -> None:
+    srv = FakeApiServer(authorizer=set(KUBE_PROXY_PERMISSIONS), bookmark_interval=0.5).start()
+    proc: subprocess.Popen[str] | None = None
+    try:
+        for file in ("node.yaml", "web.yaml"):
+            for doc in yaml.safe_load_all((LAB / "manifests" / file).read_text()):
+                srv.create(doc["kind"], doc)
+        healthz, metrics = free_port(), free_port()
+        cfg = yaml.safe_load((LAB / "config.yaml").read_text())
+        cfg["clientConnection"] = {"kubeconfig": str(srv.write_kubeconfig(tmp_path / "kc"))}
+        cfg["healthzBindAddress"] = f"127.0.0.1:{healthz}"
+        cfg["metricsBindAddress"] = f"127.0.0.1:{metrics}"
+        cfg["iptables"] = {"minSyncPeriod": "100ms", "syncPeriod": "30s"}
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+        log = (tmp_path / "daemon.log").open("w")
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kubeplex.core.cli",
+                "run",
+                "--config",
+                str(tmp_path / "config.yaml"),
+                "--netns",
+                netns,
+                "-v",
+                "1",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        wait_until(lambda: "KUBE-SVC-LOLE4ISW44XBNF3G" in nat(netns), what="the first sync")
+        wait_until(lambda: http_in(netns, healthz, "/healthz")[0] == 200, what="healthz 200")
+        status, body = http_in(netns, healthz, "/healthz")
+        assert json.loads(body)["nodeEligible"] is True
+        assert http_in(netns, healthz, "/livez")[0] == 200
+
+        # A Service added while the watch runs is programmed.
+        srv.create(
+            "Service",
+            {
+                "metadata": {"name": "late", "namespace": "default"},
+                "spec": {"clusterIP": "10.96.0.77", "ports": [{"port": 81}]},
+            },
+        )
+        wait_until(
+            lambda: (
+                "default/late has no endpoints"
+                in subprocess.run(
+                    ["ip", "netns", "exec", netns, "iptables-save", "-t", "filter"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+            ),
+            what="the late Service",
+        )
+
+        # The connections drop; while the daemon is cut off a Service is deleted and the history
+        # compacted: only a relist can tell, and no other rule may be lost meanwhile.
+        before = nat(netns)
+        relists = len(srv.find_requests("list", "services"))
+        srv.pause()
+        srv.drop_watches(mode="reset")
+        srv.delete("Service", "web-nodeport", namespace="default")
+        srv.compact()
+        time.sleep(0.5)  # the daemon is disconnected for a while, as in a real outage
+        assert "KUBE-SVC-LOLE4ISW44XBNF3G" in nat(netns)
+        srv.resume()
+        wait_until(lambda: "default/web-nodeport" not in nat(netns), what="the relisted delete")
+        assert len(srv.find_requests("list", "services")) > relists
+        after = nat(netns)
+        assert "KUBE-SVC-LOLE4ISW44XBNF3G" in before and "KUBE-SVC-LOLE4ISW44XBNF3G" in after
+        assert srv.verbs_used() <= set(KUBE_PROXY_PERMISSIONS)
+
+        status, text = http_in(netns, metrics, "/metrics")
+        assert status == 200
+        assert "kubeproxy_sync_proxy_rules_duration_seconds_bucket" in text
+        assert 'kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="nat"}' in text
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        # Stopping leaves the rules in place (a restart must not cause an outage).
+        assert "KUBE-SVC-LOLE4ISW44XBNF3G" in nat(netns)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        srv.stop()
