@@ -114,7 +114,10 @@ def run_lab(args: argparse.Namespace) -> int:
         + "   <- the node's address: the client IP was masqueraded",
     )
     print("\nThe lab stays up; look around with e.g.")
-    print(f"  ip netns exec {node_ns} iptables-save -t nat | grep default/web")
+    if cfg.mode == "nftables":
+        print(f"  ip netns exec {node_ns} nft list table ip kube-proxy | grep default/web")
+    else:
+        print(f"  ip netns exec {node_ns} iptables-save -t nat | grep default/web")
     print("and remove it with: kubeplex lab --down")
     return 0
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import re
 import shlex
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -47,7 +47,7 @@ from kubeplex.testing.netlab import (
 
 pytestmark = pytest.mark.kernel
 
-MODES = ["iptables"]
+MODES = ["iptables", "nftables"]
 
 WEB = "web"
 WEB_KEY = f"default/{WEB}"
@@ -213,7 +213,127 @@ class IptablesInspector:
         ]
 
 
-INSPECTORS: dict[str, type[IptablesInspector]] = {"iptables": IptablesInspector}
+class NftablesInspector:
+    """nftables mode: the ``ip kube-proxy`` table as ``nft list`` prints it.
+
+    Upstream's rules carry no counters; ``zero_counters`` inserts an anonymous ``counter``
+    rule at the head of the Service's chain and ``counter`` reads it back. A sync that rewrites
+    (flushes) that chain takes the counter with it, exactly as iptables-restore zeroes a
+    rewritten chain's counters.
+    """
+
+    TAG = "kubeplex-inspector"
+    KINDS = ("service", "local", "external", "firewall", "endpoint", "affinity")
+    _OBJECT = re.compile(r"^\s*(chain|set|map) (\S+) \{$", re.MULTILINE)
+    _NUMGEN = re.compile(r"numgen random mod (\d+) vmap \{ (.*) \}")
+
+    def __init__(self, lab: Lab) -> None:
+        self.lab = lab
+
+    def _nft(self, agent: NodeAgent, *args: str) -> str:
+        return str(self.lab.exec(agent.node, ["nft", *args]).stdout)
+
+    def _table(self, agent: NodeAgent) -> str:
+        return self._nft(agent, "list", "table", "ip", "kube-proxy")
+
+    def _owned(self, name: str, svc: str) -> bool:
+        kinds = "|".join(self.KINDS)
+        return re.match(rf"^(?:{kinds})-[A-Z2-7]{{8}}-{re.escape(svc)}/", name) is not None
+
+    def _rules(self, agent: NodeAgent, chain: str, *flags: str) -> list[str]:
+        text = self._nft(agent, *flags, "list", "chain", "ip", "kube-proxy", chain)
+        return [ln.strip() for ln in text.splitlines() if ln.startswith("\t\t")]
+
+    def service_chain(self, agent: NodeAgent, svc: str) -> str:
+        found = [
+            n
+            for kind, n in self._OBJECT.findall(self._table(agent))
+            if kind == "chain" and n.startswith("service-") and self._owned(n, svc)
+        ]
+        assert len(found) == 1, (svc, found)
+        return found[0]
+
+    def _numgen(self, agent: NodeAgent, svc: str) -> tuple[int, list[tuple[int, str]]]:
+        for rule in self._rules(agent, self.service_chain(agent, svc)):
+            m = self._NUMGEN.search(rule)
+            if m:
+                entries = []
+                for entry in m.group(2).split(","):
+                    index, verdict = entry.split(":", 1)
+                    entries.append((int(index), verdict.split()[-1]))
+                return int(m.group(1)), entries
+        raise AssertionError(f"no numgen rule for {svc} on {agent.node}")
+
+    def service_objects(self, agent: NodeAgent, svc: str) -> set[str]:
+        return {n for _, n in self._OBJECT.findall(self._table(agent)) if self._owned(n, svc)}
+
+    def all_objects(self, agent: NodeAgent) -> set[str]:
+        return {n for _, n in self._OBJECT.findall(self._table(agent))}
+
+    def endpoint_objects(self, agent: NodeAgent, svc: str) -> dict[str, str]:
+        out = {}
+        for _, chain in self._numgen(agent, svc)[1]:
+            ip, port = chain.rsplit("__", 1)[1].rsplit("/", 1)
+            out[f"{ip}:{port}"] = chain
+        return out
+
+    def assert_even_split(self, agent: NodeAgent, svc: str, n: int) -> None:
+        mod, entries = self._numgen(agent, svc)
+        assert mod == n, (mod, entries)
+        assert [i for i, _ in entries] == list(range(n)), entries
+        targets = [t for _, t in entries]
+        assert len(set(targets)) == n and all(t.startswith("endpoint-") for t in targets)
+
+    def zero_counters(self, agent: NodeAgent, svc: str) -> None:
+        chain = self.service_chain(agent, svc)
+        for rule in self._rules(agent, chain, "-a"):
+            if f'"{self.TAG}"' in rule:
+                handle = rule.rsplit("# handle ", 1)[1]
+                self._nft(agent, "delete", "rule", "ip", "kube-proxy", chain, "handle", handle)
+        self._nft(
+            agent,
+            "insert",
+            "rule",
+            "ip",
+            "kube-proxy",
+            chain,
+            "counter",
+            "comment",
+            f'"{self.TAG}"',
+        )
+
+    def counter(self, agent: NodeAgent, svc: str) -> int:
+        for rule in self._rules(agent, self.service_chain(agent, svc)):
+            m = re.search(r"counter packets (\d+) ", rule)
+            if m and f'"{self.TAG}"' in rule:
+                return int(m.group(1))
+        return 0  # the chain was rewritten since zero_counters
+
+    @contextlib.contextmanager
+    def failing_apply(self, agent: NodeAgent, tmp_path: Path) -> Iterator[None]:
+        # Replaces the tool, not the kernel: nft is swapped for a script that reads its input
+        # and exits 1, as a transaction rejected by the kernel would.
+        script = tmp_path / "nft-fails"
+        script.write_text(
+            '#!/bin/sh\ncat >/dev/null\necho "simulated restore failure" >&2\nexit 1\n'
+        )
+        script.chmod(0o755)
+        kernel = cast(Any, agent.backend)._kernel
+        original = kernel.nft_cmd
+        kernel.nft_cmd = str(script)
+        try:
+            yield
+        finally:
+            kernel.nft_cmd = original
+
+    def leftovers(self, agent: NodeAgent) -> list[str]:
+        return [ln for ln in self._nft(agent, "list", "tables").splitlines() if "kube-proxy" in ln]
+
+
+INSPECTORS: dict[str, Callable[[Lab], Inspector]] = {
+    "iptables": IptablesInspector,
+    "nftables": NftablesInspector,
+}
 
 
 def inspector_for(dp: DataplaneCluster) -> Inspector | None:
@@ -509,3 +629,15 @@ def test_localhost_nodeport_where_the_mode_supports_it(dp: DataplaneCluster) -> 
     synced(dp, *web(dp, type="NodePort", node_port=NODEPORT))
     results = dp.lab.http(NODE1, "127.0.0.1", NODEPORT, count=6)
     assert all_ok(results) and set(tally(results)) <= set(WEBS), results
+
+
+def test_unused_port_of_cluster_ip_is_refused_where_the_mode_rejects_it(
+    dp: DataplaneCluster,
+) -> None:
+    node1 = dp.agent(NODE1)
+    if "reject-unused-clusterip-ports" not in node1.backend.capabilities:
+        pytest.skip(f"mode {dp.mode} does not reject unused ports of a ClusterIP")
+    synced(dp, *web(dp))
+    [r] = dp.lab.http(CLIENT_POD, WEB_VIP, 81, timeout=3.0)
+    assert r.outcome == "refused" and r.ms < 500, r
+    assert all_ok(dp.lab.http(CLIENT_POD, WEB_VIP, 80, count=3))  # the Service port still works

@@ -1,0 +1,229 @@
+"""The nftables dataplane: upstream kube-proxy's nftables mode, object for object.
+
+Everything lives in its own tables, ``ip kube-proxy`` and ``ip6 kube-proxy`` (never the shared
+nat/filter tables); every sync of every family is one atomic ``nft -f -`` transaction.
+Differences from the iptables mode are upstream's: no NodePorts on localhost, connections to
+unused ports of a ClusterIP are rejected, and no nfacct/route_localnet setup is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import ipaddress
+import logging
+from collections.abc import Iterator, Sequence
+
+from kubeplex.backends.nftables import names
+from kubeplex.backends.nftables.kernel import NftKernel, TableObjects
+from kubeplex.backends.nftables.render import FamilyPlan, FamilyRenderer, NftablesRendered
+from kubeplex.backends.nftables.rules import FamilySettings, go_hex_mark
+from kubeplex.core.backend import Backend, BackendContext, Rendered, SyncResult
+from kubeplex.core.errors import BackendError
+from kubeplex.core.graph import ProxyState
+from kubeplex.core.localdetect import local_detector
+from kubeplex.core.model import IPFamily, NodeInfo, family_of
+
+log = logging.getLogger(__name__)
+
+NODE_PORT_PRIMARY = "primary"
+#: What nft reports when a kernel before 6.2 still counts a reference from a map element
+#: deleted earlier in the same transaction.
+_BUSY = "Device or resource busy"
+
+
+def node_port_ips(
+    addresses: Sequence[str], node: NodeInfo, family: IPFamily
+) -> tuple[str, ...] | None:
+    """Upstream's NodePortAddresses for one family: None means every local address.
+
+    "primary" becomes the node's primary address of each family as a /32 or /128 (as
+    cmd/kube-proxy does), so a family without a node address serves NodePorts everywhere.
+    The node's addresses (from its Node object) stand in for the local interface addresses.
+    """
+    entries = list(addresses)
+    if entries == [NODE_PORT_PRIMARY]:
+        entries = []
+        for fam, bits in ((IPFamily.IPv4, 32), (IPFamily.IPv6, 128)):
+            primary = node.addresses_of(fam)[:1]
+            if primary and not ipaddress.ip_address(primary[0]).is_loopback:
+                entries.append(f"{primary[0]}/{bits}")
+    nets = [
+        ipaddress.ip_network(e, strict=False)
+        for e in entries
+        if e != NODE_PORT_PRIMARY and family_of(e) is family
+    ]
+    if not nets or any(n.prefixlen == 0 for n in nets):
+        return None
+    return tuple(
+        ip
+        for ip in dict.fromkeys(node.addresses_of(family))
+        if any(ipaddress.ip_address(ip) in n for n in nets)
+    )
+
+
+@contextlib.contextmanager
+def _gc_paused(pause: bool) -> Iterator[None]:
+    if not pause or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+class NftablesBackend(Backend):
+    mode = "nftables"
+    capabilities = frozenset(
+        {
+            "session-affinity",
+            "sctp",
+            "ipv6",
+            "load-balancer-source-ranges",
+            "reject-unused-clusterip-ports",
+        }
+    )
+    required_tools = ("nft",)
+
+    def __init__(self, ctx: BackendContext) -> None:
+        super().__init__(ctx)
+        self._renderers: dict[IPFamily, FamilyRenderer] = {}
+        self._kernel = NftKernel(ctx.netns)
+        #: The cluster's ServiceCIDRs (upstream reads the ServiceCIDR objects): traffic to an
+        #: address in them that no Service has is dropped. Empty: no such rule.
+        self.service_cidrs: tuple[str, ...] = ()
+
+    # --- render -----------------------------------------------------------------------------
+
+    def settings(self, family: IPFamily, node: NodeInfo) -> FamilySettings:
+        cfg = self.ctx.config
+        own = node.addresses_of(family)
+        return FamilySettings(
+            family=family,
+            masquerade_mark=go_hex_mark(cfg.nftables.masquerade_bit),
+            masquerade_all=cfg.nftables.masquerade_all,
+            local=local_detector(cfg, node, family),
+            node_port_ips=node_port_ips(tuple(cfg.node_port_addresses), node, family),
+            node_ip=own[0] if own else "",
+            service_cidrs=tuple(c for c in self.service_cidrs if family_of(c) is family),
+        )
+
+    def _renderer(self, family: IPFamily, node: NodeInfo) -> FamilyRenderer:
+        settings = self.settings(family, node)
+        r = self._renderers.get(family)
+        if r is None:
+            r = self._renderers[family] = FamilyRenderer(settings)
+        elif r.settings != settings:
+            r.settings = settings
+            r.force_full = True  # every rule may depend on the settings
+        return r
+
+    def render(self, state: ProxyState) -> NftablesRendered:
+        plans = []
+        # A full render allocates a few objects per endpoint and frees the previous render's;
+        # the cyclic collector would walk all of them again and again meanwhile (none of
+        # them is cyclic garbage), which costs more than the render itself on large clusters.
+        with _gc_paused(state.is_full()):
+            for family in self.ctx.families:
+                graph = state.graphs.get(family)
+                if graph is not None:
+                    renderer = self._renderer(family, state.node)
+                    plans.append(renderer.render(graph, state.changes[family]))
+        return NftablesRendered(plans)
+
+    # --- apply ------------------------------------------------------------------------------
+
+    def _find_leftovers(self, plans: list[FamilyPlan]) -> None:
+        """On a full sync: what the table holds that nothing wants (earlier runs, versions),
+        and what it lacks."""
+        full = [p for p in plans if p.full]
+        if not full:
+            return
+        found = self._kernel.list_objects(p.settings.ip for p in full)
+        if found is None:
+            return  # listing failed (logged): no leftovers removed, nothing repaired
+        for plan in full:
+            objs = found.get(plan.settings.ip, TableObjects())
+            plan.found_in_kernel(objs.chains, objs.sets, objs.maps)
+
+    def _delete_pending(self) -> None:
+        """Chains a kernel before 6.2 refused to delete in their sync: delete them now."""
+        lines = [
+            f"delete chain {r.settings.table} {chain}\n"
+            for r in self._renderers.values()
+            for chain in sorted(r.pending_chain_deletes)
+        ]
+        if not lines:
+            return
+        try:
+            self._kernel.run("".join(lines))
+        except BackendError as err:
+            log.warning("stale nftables chains not deleted yet, will retry: %s", err)
+            return
+        for r in self._renderers.values():
+            r.pending_chain_deletes.clear()
+
+    def apply(self, rendered: Rendered) -> SyncResult:
+        assert isinstance(rendered, NftablesRendered)
+        plans = rendered.plans
+        self._delete_pending()
+        self._find_leftovers(plans)
+        text = rendered.kernel_input()
+        transactions = 0
+        if text:
+            try:
+                self._kernel.run(text)
+            except BackendError as err:
+                if _BUSY not in str(err) or not any(p.chains_deleted for p in plans):
+                    self.invalidate()
+                    raise
+                # Kernels before 6.2 notice only later that a chain lost its last reference
+                # from a map element: leave the chains flushed, delete them in a later sync.
+                log.info("kernel refused to delete unreferenced chains at once: deferring")
+                try:
+                    self._kernel.run(rendered.kernel_input(defer_chain_deletes=True))
+                except BackendError:
+                    self.invalidate()
+                    raise
+                for plan in plans:
+                    plan.deferred_chains = plan.stale_chains | plan.leftover_chains
+            transactions = 1
+        counts = {
+            "transactions": transactions,
+            "chains_written": 0,
+            "chains_deleted": 0,
+            "elements_added": 0,
+            "elements_deleted": 0,
+        }
+        errors: dict[str, str] = {}
+        for plan in plans:
+            self._renderers[plan.settings.family].commit(plan)
+            counts["chains_written"] += len(plan.chains_written)
+            counts["chains_deleted"] += plan.chains_deleted
+            counts["elements_added"] += len(plan.elements_added)
+            counts["elements_deleted"] += len(plan.elements_deleted)
+            fam = plan.settings.family.value
+            for kind in ("internal", "external"):
+                counts[f"no_local_endpoints_{kind}_{fam}"] = plan.no_local_endpoints.get(kind, 0)
+            errors.update(plan.errors)
+        for svc, why in errors.items():
+            log.error("service %s not programmed: %s", svc, why)
+        return SyncResult(full=rendered.full, counts=counts)
+
+    def invalidate(self) -> None:
+        for r in self._renderers.values():
+            r.invalidate()
+
+    def cleanup(self) -> None:
+        """Remove both kube-proxy tables (as upstream's CleanupLeftovers), whoever made them."""
+        self._kernel.delete_tables(("ip", "ip6"))
+        log.info("removed nftables tables ip/ip6 %s", names.TABLE)
+        self._renderers.clear()
+
+    def describe(self) -> Sequence[str]:
+        return [
+            *super().describe(),
+            f"tables: ip {names.TABLE}, ip6 {names.TABLE} (one nft -f transaction per sync)",
+        ]

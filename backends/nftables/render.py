@@ -1,0 +1,381 @@
+"""From the graph to one ``nft -f`` transaction, re-rendering only changed services.
+
+A full sync is upstream's setupNFTables plus every service: inside the one transaction the
+fixed chains are re-created and flushed, the sets and maps flushed and given all their
+elements again (no ``delete table``: affinity sets and anything else of the table survive).
+A service chain is added, flushed and refilled when its rules differ from the renderer's
+record of what was applied, or when there is no trustworthy record (first sync, a failed
+apply, changed settings); the backend adds chains that the kernel listing shows missing.
+(Upstream rewrites every chain on each full sync, but it syncs fully once an hour, where the
+core here asks every syncPeriod; and each rewritten ``numgen ... vmap`` makes the kernel name
+a new anonymous set by scanning all sets of the table: rewriting 10,000 services costs
+minutes of kernel time.)
+
+A partial sync touches only the changed services: the chains whose rules differ from what was
+applied, their affinity sets, and the elements they add, change or remove. Chains and sets
+nobody needs any more are flushed and deleted at the end of the same transaction.
+
+The renderer keeps its own record of what the kernel holds (chains with their rules, affinity
+sets, elements); it never reads the table back, except that the backend lists the table's
+object names on a full sync, to find leftovers of earlier runs and chains gone missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from kubeplex.backends.nftables.rules import (
+    FIXED_CHAINS,
+    FIXED_SETS,
+    FamilySettings,
+    ServiceObjects,
+    delete_element_line,
+    element_line,
+    service_objects,
+    set_line,
+    setup_lines,
+)
+from kubeplex.core.backend import Rendered
+from kubeplex.core.errors import BackendError
+from kubeplex.core.graph import ChangeSet, ServiceGraph
+from kubeplex.core.model import ServicePortName
+
+#: What an element holds: (value, comment).
+ElemVal = tuple[str, str]
+ElemKey = tuple[str, str]
+
+
+@dataclass
+class FamilyPlan:
+    """One family's part of the transaction, and what the kernel holds once it is applied."""
+
+    settings: FamilySettings
+    full: bool
+    #: Full plans: whether the renderer's record of the kernel was trusted (unchanged chains
+    #: not rewritten); False rewrites everything.
+    trusted: bool = False
+    #: Chains and affinity sets (re)written: fixed objects and services, in order.
+    parts: list[str] = field(default_factory=list)
+    #: Found missing in the kernel by the backend on a full sync: chains and sets re-added.
+    repair: list[str] = field(default_factory=list)
+    #: Element deletes and adds (after every chain they name exists).
+    element_parts: list[str] = field(default_factory=list)
+    #: Per-service chains and affinity sets to remove (found by the renderer).
+    stale_chains: set[str] = field(default_factory=set)
+    stale_sets: set[str] = field(default_factory=set)
+    #: Found by the backend in the kernel on a full sync: leftovers of earlier runs (sets and
+    #: maps in ``leftover_sets``, the maps among them also in ``leftover_maps``).
+    leftover_chains: set[str] = field(default_factory=set)
+    leftover_sets: set[str] = field(default_factory=set)
+    leftover_maps: set[str] = field(default_factory=set)
+    #: Chains written by this plan (name -> rules) and affinity sets (name -> timeout).
+    chains_written: dict[str, str] = field(default_factory=dict)
+    sets_written: dict[str, int] = field(default_factory=dict)
+    elements_added: dict[ElemKey, ElemVal] = field(default_factory=dict)
+    elements_deleted: set[ElemKey] = field(default_factory=set)
+    #: Full plans: every chain, set and element the table holds afterwards.
+    wanted_chains: dict[str, str] = field(default_factory=dict)
+    wanted_sets: dict[str, int] = field(default_factory=dict)
+    #: Services that could not be rendered, with the reason (their old objects stay).
+    errors: dict[str, str] = field(default_factory=dict)
+    no_local_endpoints: dict[str, int] = field(default_factory=dict)
+    #: Chains left flushed instead of deleted (kernels before 6.2), deleted by a later sync.
+    deferred_chains: set[str] = field(default_factory=set)
+
+    @property
+    def table(self) -> str:
+        return self.settings.table
+
+    def removals(self, defer_chain_deletes: bool = False) -> list[str]:
+        """Flush the unneeded chains (dropping their references), delete the unneeded sets
+        and maps, then the chains."""
+        t = self.table
+        chains = sorted(self.stale_chains | self.leftover_chains)
+        sets = sorted(self.stale_sets | self.leftover_sets)
+        out = [f"flush chain {t} {c}\n" for c in chains]
+        out += [f"delete set {t} {s}\n" for s in sets if s not in self.leftover_maps]
+        out += [f"delete map {t} {s}\n" for s in sets if s in self.leftover_maps]
+        if not defer_chain_deletes:
+            out += [f"delete chain {t} {c}\n" for c in chains]
+        return out
+
+    def transaction(self, defer_chain_deletes: bool = False) -> str:
+        return "".join(
+            [
+                *self.parts,
+                *self.repair,
+                *self.element_parts,
+                *self.removals(defer_chain_deletes),
+            ]
+        )
+
+    def found_in_kernel(self, chains: set[str], sets: set[str], maps: set[str]) -> None:
+        """What a full sync's listing of the table shows: remove what nothing wants, re-add
+        (a trusted plan) what should be there but is not."""
+        self.leftover_chains = {c for c in chains if c not in FIXED_CHAINS} - set(
+            self.wanted_chains
+        )
+        self.leftover_maps = {m for m in maps if m not in FIXED_SETS}
+        self.leftover_sets = {
+            s for s in sets if s not in FIXED_SETS and s not in self.wanted_sets
+        } | self.leftover_maps
+        if not self.trusted:
+            return  # everything is written anyway
+        t = self.table
+        missing = [c for c in self.wanted_chains if c not in chains]
+        lost_sets = {n: v for n, v in self.wanted_sets.items() if n not in sets}
+        self.repair = [f"add chain {t} {c}\nflush chain {t} {c}\n" for c in missing]
+        self.repair += [set_line(t, n, self.settings.addr_type, v) for n, v in lost_sets.items()]
+        self.repair += [self.wanted_chains[c] for c in missing]
+        for c in missing:
+            self.chains_written[c] = self.wanted_chains[c]
+        self.sets_written.update(lost_sets)
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.parts
+            or self.element_parts
+            or self.stale_chains
+            or self.stale_sets
+            or self.leftover_chains
+            or self.leftover_sets
+        )
+
+    @property
+    def chains_deleted(self) -> int:
+        return len(self.stale_chains | self.leftover_chains)
+
+
+@dataclass
+class NftablesRendered(Rendered):
+    plans: list[FamilyPlan]
+
+    @property
+    def full(self) -> bool:
+        return any(p.full for p in self.plans)
+
+    def kernel_input(self, defer_chain_deletes: bool = False) -> str:
+        """What ``nft -f -`` reads: every family's part, as one atomic transaction."""
+        return "".join(p.transaction(defer_chain_deletes) for p in self.plans)
+
+    def __str__(self) -> str:
+        out = []
+        for plan in self.plans:
+            kind = "full" if plan.full else "partial"
+            out.append(f"# nft -f - transaction ({plan.settings.family.value}, {kind} sync)\n")
+            out.append(plan.transaction())
+        return "".join(out)
+
+
+def _order(spn: ServicePortName) -> tuple[str, str, str, str]:
+    """ServicePortName's own order, as a tuple (compared in C, not by the dataclass)."""
+    return (spn.namespace, spn.name, spn.port, spn.protocol)
+
+
+class FamilyRenderer:
+    """Render state of one IP family: per-service objects, and what the kernel holds."""
+
+    def __init__(self, settings: FamilySettings) -> None:
+        self.settings = settings
+        self.fragments: dict[ServicePortName, ServiceObjects] = {}
+        #: Element -> the services that want it, with the value each wants; the smallest
+        #: service name wins (several ports of one Service share their cluster-ips element).
+        self.owners: dict[ElemKey, dict[ServicePortName, ElemVal]] = {}
+        #: The next render must be full (first sync, settings changed, failed apply).
+        self.force_full = True
+        #: Upstream re-creates the base chains once per process (their hook may have changed).
+        self.recreate_base_chains = True
+        #: What the kernel holds after the last successful apply.
+        self.applied_chains: dict[str, str] = {}
+        self.applied_sets: dict[str, int] = {}
+        self.applied_elements: dict[ElemKey, ElemVal] = {}
+        #: Flushed chains still to delete (only where the kernel refused to delete at once).
+        self.pending_chain_deletes: set[str] = set()
+        #: Services whose traffic policy Local finds no local endpoint (a metric).
+        self.no_local = {"internal": 0, "external": 0}
+
+    def invalidate(self) -> None:
+        """Forget everything: the next render is full and trusts no record of the kernel."""
+        self.force_full = True
+        self.fragments.clear()
+        self.owners.clear()
+        self.no_local = {"internal": 0, "external": 0}
+        self.applied_chains = {}
+        self.applied_sets = {}
+        self.applied_elements = {}
+
+    # --- rendering --------------------------------------------------------------------------
+
+    def render(self, graph: ServiceGraph, changes: ChangeSet) -> FamilyPlan:
+        full = changes.full or self.force_full
+        plan = FamilyPlan(self.settings, full, trusted=full and not self.force_full)
+        if full:
+            self._render_full(graph, plan)
+        else:
+            self._render_partial(graph, changes.services, plan)
+        plan.no_local_endpoints = dict(self.no_local)
+        return plan
+
+    def _count(self, frag: ServiceObjects | None, sign: int) -> None:
+        if frag is not None:
+            self.no_local["internal"] += sign * frag.no_local_endpoints_internal
+            self.no_local["external"] += sign * frag.no_local_endpoints_external
+
+    def _objects(
+        self,
+        graph: ServiceGraph,
+        spn: ServicePortName,
+        plan: FamilyPlan,
+        old: ServiceObjects | None,
+    ) -> ServiceObjects | None:
+        svc = graph.services.get(spn)
+        if svc is None:
+            return None
+        try:
+            return service_objects(svc, graph.categorized(spn), self.settings)
+        except BackendError as err:
+            plan.errors[str(spn)] = str(err)
+            return old  # keep the service's last good objects
+
+    def _render_full(self, graph: ServiceGraph, plan: FamilyPlan) -> None:
+        t = self.settings.table
+        addr_type = self.settings.addr_type
+        trusted = plan.trusted
+        applied_chains = self.applied_chains
+        applied_sets = self.applied_sets
+        old_fragments = self.fragments
+        self.fragments = {}
+        self.owners = {}
+        self.no_local = {"internal": 0, "external": 0}
+        parts = plan.parts
+        parts += setup_lines(self.settings, self.recreate_base_chains)
+        chains = plan.wanted_chains
+        sets = plan.wanted_sets
+        written = plan.chains_written
+        elements = plan.elements_added
+        element_parts = plan.element_parts
+        owners = self.owners
+        for spn in sorted(graph.services, key=_order):
+            frag = self._objects(graph, spn, plan, old_fragments.get(spn))
+            if frag is None:
+                continue
+            self.fragments[spn] = frag
+            self._count(frag, 1)
+            if trusted:
+                blocks = {c: b for c, b in frag.chains.items() if applied_chains.get(c) != b}
+                new_sets = {n: v for n, v in frag.sets.items() if applied_sets.get(n) != v}
+            else:
+                blocks, new_sets = frag.chains, frag.sets
+            for chain in blocks:
+                parts.append(f"add chain {t} {chain}\nflush chain {t} {chain}\n")
+            for name, timeout in new_sets.items():
+                parts.append(set_line(t, name, addr_type, timeout))
+            parts.extend(blocks.values())
+            written.update(blocks)
+            plan.sets_written.update(new_sets)
+            chains.update(frag.chains)
+            sets.update(frag.sets)
+            for elem in frag.elements:
+                key = (elem[0], elem[1])
+                val = (elem[2], elem[3])
+                found = owners.get(key)
+                if found is None:
+                    owners[key] = {spn: val}
+                    elements[key] = val
+                    element_parts.append(element_line(t, elem))
+                else:
+                    found[spn] = val
+        plan.stale_chains = set(applied_chains) - set(chains)
+        plan.stale_sets = set(applied_sets) - set(sets)
+
+    def _render_partial(
+        self, graph: ServiceGraph, changed: Iterable[ServicePortName], plan: FamilyPlan
+    ) -> None:
+        t = self.settings.table
+        addr_type = self.settings.addr_type
+        declares: list[str] = []
+        set_adds: list[str] = []
+        rules: list[str] = []
+        affected: set[ElemKey] = set()
+        for spn in sorted(changed):
+            old = self.fragments.get(spn)
+            new = self._objects(graph, spn, plan, old)
+            if new is old:
+                continue
+            if new is None:
+                del self.fragments[spn]
+            else:
+                self.fragments[spn] = new
+            self._count(old, -1)
+            self._count(new, 1)
+            # Ownership of shared elements.
+            if old is not None:
+                for elem in old.elements:
+                    key = (elem[0], elem[1])
+                    owned = self.owners.get(key)
+                    if owned is not None:
+                        owned.pop(spn, None)
+                        if not owned:
+                            del self.owners[key]
+                    affected.add(key)
+            new_chains = new.chains if new is not None else {}
+            new_sets = new.sets if new is not None else {}
+            if new is not None:
+                for elem in new.elements:
+                    key = (elem[0], elem[1])
+                    self.owners.setdefault(key, {})[spn] = (elem[2], elem[3])
+                    affected.add(key)
+                for chain, block in new_chains.items():
+                    if self.applied_chains.get(chain) != block:
+                        declares.append(f"add chain {t} {chain}\nflush chain {t} {chain}\n")
+                        rules.append(block)
+                        plan.chains_written[chain] = block
+                for name, timeout in new_sets.items():
+                    if self.applied_sets.get(name) != timeout:
+                        set_adds.append(set_line(t, name, addr_type, timeout))
+                        plan.sets_written[name] = timeout
+            if old is not None:
+                plan.stale_chains.update(c for c in old.chains if c not in new_chains)
+                plan.stale_sets.update(s for s in old.sets if s not in new_sets)
+        deletes: list[str] = []
+        adds: list[str] = []
+        for key in sorted(affected):
+            owned = self.owners.get(key)
+            want = owned[min(owned)] if owned else None
+            have = self.applied_elements.get(key)
+            if want == have:
+                continue
+            if have is not None:
+                deletes.append(delete_element_line(t, key))
+                plan.elements_deleted.add(key)
+            if want is not None:
+                adds.append(element_line(t, (key[0], key[1], want[0], want[1])))
+                plan.elements_added[key] = want
+        plan.parts = declares + set_adds + rules
+        plan.element_parts = deletes + adds
+
+    # --- bookkeeping ------------------------------------------------------------------------
+
+    def commit(self, plan: FamilyPlan) -> None:
+        """Record a successfully applied plan as the kernel's state."""
+        gone_chains = plan.stale_chains | plan.leftover_chains
+        if plan.full:
+            self.applied_chains = plan.wanted_chains
+            self.applied_sets = plan.wanted_sets
+            self.applied_elements = plan.elements_added
+            self.force_full = False
+            self.recreate_base_chains = False
+        else:
+            self.applied_chains.update(plan.chains_written)
+            self.applied_sets.update(plan.sets_written)
+            for key in plan.elements_deleted:
+                self.applied_elements.pop(key, None)
+            self.applied_elements.update(plan.elements_added)
+        for chain in gone_chains:
+            self.applied_chains.pop(chain, None)
+        for name in plan.stale_sets | plan.leftover_sets:
+            self.applied_sets.pop(name, None)
+        self.pending_chain_deletes -= set(self.applied_chains)
+        self.pending_chain_deletes |= plan.deferred_chains
