@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,10 +48,24 @@ def _common(p: argparse.ArgumentParser, config_required: bool = False) -> None:
     p.add_argument("-v", "--v", type=int, default=0, dest="verbosity", help="log verbosity (0-5)")
     # Programs the rules inside a network namespace (used by the lab and the kernel tests).
     p.add_argument("--netns", help=argparse.SUPPRESS)
+    add_plugins_option(p)
+
+
+def add_plugins_option(p: argparse.ArgumentParser, default: object = argparse.SUPPRESS) -> None:
+    """``--plugins FILE``: the trust list (plugins.toml) to use instead of the default one."""
+    p.add_argument(
+        "--plugins",
+        type=Path,
+        default=default,
+        metavar="FILE",
+        help=f"trust list of backends (default: ${plugins.ENV_VAR}, "
+        f"{plugins.SYSTEM_TRUST_FILE} if present, else the packaged plugins.toml)",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="kubeplex", description="A Python kube-proxy.")
+    add_plugins_option(top, default=None)
     sub = top.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the proxy (daemon)")
@@ -60,6 +75,9 @@ def parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--once", action="store_true", help="one full sync, then exit (non-zero if it failed)"
+    )
+    run.add_argument(
+        "--kubeconfig", type=Path, help="kubeconfig file (overrides clientConnection.kubeconfig)"
     )
 
     render = sub.add_parser("render", help="print what the selected mode would program (no root)")
@@ -71,8 +89,9 @@ def parser() -> argparse.ArgumentParser:
 
     sub.add_parser("version", help="print the version")
 
-    from kubeplex.core import lab  # the lab pulls in the test-lab helpers only when asked for
+    from kubeplex.core import backends_cmd, lab  # the lab pulls in the test-lab helpers
 
+    backends_cmd.add_parser(sub)
     lab.add_parser(sub)
     return top
 
@@ -170,8 +189,12 @@ def _wait_for_api_sync(source: KubeApiSource, once: bool, stop: threading.Event)
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_effective_config(args)
+    if args.kubeconfig is not None:
+        cfg = replace(
+            cfg, client_connection=replace(cfg.client_connection, kubeconfig=str(args.kubeconfig))
+        )
     backend = make_backend(cfg, args.netns)
-    missing = backend.missing_requirements()
+    missing = plugins.missing_requirements(cfg.mode, backend)
     if missing:
         raise KubeplexError(f"mode {cfg.mode}: this node lacks what it needs: {'; '.join(missing)}")
     stop = threading.Event()
@@ -234,6 +257,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     _setup_logging(getattr(args, "verbosity", 0))
+    plugins.use_trust_file(getattr(args, "plugins", None))
     try:
         if args.command == "version":
             print(f"kubeplex {__version__}")

@@ -33,15 +33,26 @@ def test_there_are_backends_to_check() -> None:
 
 
 def test_no_relative_imports_hide_a_dependency() -> None:
-    for folder in ("core", "backends"):
+    for folder in ("core", "backends", "testing"):
         for file, names in imported_modules(ROOT / folder).items():
             assert not [n for n in names if n.startswith("<relative")], file
 
 
-def test_core_imports_no_backend() -> None:
-    for file, names in imported_modules(ROOT / "core").items():
+@pytest.mark.parametrize("folder", ["core", "testing"])
+def test_core_and_the_test_kit_import_no_backend(folder: str) -> None:
+    # Backends are reached only through their entry points (and the trust list); the
+    # conformance kit in testing/ must work for any backend, built in or not.
+    for file, names in imported_modules(ROOT / folder).items():
         bad = sorted(n for n in names if n.startswith("kubeplex.backends"))
         assert not bad, f"{file} imports {bad}"
+
+
+def test_the_example_plugin_imports_no_builtin_backend() -> None:
+    example = ROOT / "tests" / "plugins" / "kubeplex-example-backend"
+    for file, names in imported_modules(example).items():
+        bad = sorted(n for n in names if n.startswith("kubeplex.backends"))
+        assert not bad, f"{file} imports {bad}"
+        assert not [n for n in names if n.startswith("<relative")], file
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
