@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
 
 from kubeplex.core.config import KubeProxyConfiguration
 from kubeplex.core.graph import ProxyState
@@ -100,3 +101,41 @@ class Backend(ABC):
     def describe(self) -> Sequence[str]:
         """Lines for ``kubeplex backends``."""
         return [f"capabilities: {', '.join(sorted(self.capabilities)) or '-'}"]
+
+
+class FamilyRenderer(Protocol):
+    """What PerFamily needs of a backend's per-family renderer."""
+
+    settings: Any
+    #: Set to make the next render a full one.
+    force_full: bool
+
+
+R = TypeVar("R", bound=FamilyRenderer)
+
+
+class PerFamily(Generic[R]):
+    """A backend's renderers, one per IP family, each with the settings it was made for.
+
+    When a family's settings change (a node address, a config value the rules use), the
+    renderer takes them and its next render is full: every cached rule may depend on them.
+    """
+
+    def __init__(self, make: Callable[[Any], R]) -> None:
+        self._make = make
+        self._renderers: dict[IPFamily, R] = {}
+
+    def with_settings(self, family: IPFamily, settings: Any) -> R:
+        r = self._renderers.get(family)
+        if r is None:
+            r = self._renderers[family] = self._make(settings)
+        elif r.settings != settings:
+            r.settings = settings
+            r.force_full = True
+        return r
+
+    def __getitem__(self, family: IPFamily) -> R:
+        return self._renderers[family]
+
+    def __iter__(self) -> Iterator[R]:
+        return iter(list(self._renderers.values()))

@@ -14,7 +14,7 @@ from kubeplex.backends.iptables.rules import (
     NFACCT_LOCALHOST_NODEPORTS,
     FamilySettings,
 )
-from kubeplex.core.backend import Backend, BackendContext, Rendered, SyncResult
+from kubeplex.core.backend import Backend, BackendContext, PerFamily, Rendered, SyncResult
 from kubeplex.core.errors import BackendError
 from kubeplex.core.graph import ProxyState
 from kubeplex.core.localdetect import local_detector
@@ -76,7 +76,7 @@ class IptablesBackend(Backend):
 
     def __init__(self, ctx: BackendContext) -> None:
         super().__init__(ctx)
-        self._renderers: dict[IPFamily, FamilyRenderer] = {}
+        self._renderers = PerFamily(FamilyRenderer)
         self._node: NodeInfo | None = None
         self._kernels = {f: IptablesKernel(f, ctx.netns) for f in ctx.families}
         #: nfacct counters: assumed present (any current kernel has nfacct) until prepare()
@@ -108,22 +108,12 @@ class IptablesBackend(Backend):
             conntrack_tcp_liberal=cfg.conntrack.tcp_be_liberal,
         )
 
-    def _renderer(self, family: IPFamily, node: NodeInfo) -> FamilyRenderer:
-        settings = self.settings(family, node)
-        r = self._renderers.get(family)
-        if r is None:
-            r = self._renderers[family] = FamilyRenderer(settings)
-        elif r.settings != settings:
-            r.settings = settings
-            r.force_full = True  # every rule may depend on the settings
-        return r
-
     def render(self, state: ProxyState) -> IptablesRendered:
         plans = []
         for family in self.ctx.families:
             graph = state.graphs.get(family)
             if graph is not None:
-                renderer = self._renderer(family, state.node)
+                renderer = self._renderers.with_settings(family, self.settings(family, state.node))
                 plans.append(renderer.render(graph, state.changes[family]))
         return IptablesRendered(plans)
 
@@ -194,7 +184,7 @@ class IptablesBackend(Backend):
         return SyncResult(full=rendered.full, counts=counts)
 
     def invalidate(self) -> None:
-        for r in self._renderers.values():
+        for r in self._renderers:
             r.invalidate()
 
     def cleanup(self) -> None:

@@ -17,7 +17,7 @@ from kubeplex.backends.kernelspace.policies import (
     FamilySettings,
     KernelspaceRendered,
 )
-from kubeplex.core.backend import Backend, BackendContext, Rendered, SyncResult
+from kubeplex.core.backend import Backend, BackendContext, PerFamily, Rendered, SyncResult
 from kubeplex.core.errors import BackendError
 from kubeplex.core.graph import ProxyState
 from kubeplex.core.model import IPFamily, NodeInfo, family_of, normalize_ip
@@ -52,7 +52,7 @@ class KernelspaceBackend(Backend):
 
     def __init__(self, ctx: BackendContext) -> None:
         super().__init__(ctx)
-        self._renderers: dict[IPFamily, FamilyRenderer] = {}
+        self._renderers = PerFamily(FamilyRenderer)
         # Read once, here: a render must not depend on when it runs.
         self._network_name = ctx.config.winkernel.network_name or os.environ.get(NETWORK_ENV, "")
 
@@ -91,28 +91,20 @@ class KernelspaceBackend(Backend):
             ),
         )
 
-    def _renderer(self, family: IPFamily, node: NodeInfo) -> FamilyRenderer:
-        settings = self.settings(family, node)
-        r = self._renderers.get(family)
-        if r is None:
-            r = self._renderers[family] = FamilyRenderer(settings)
-        elif r.settings != settings:
-            r.settings = settings
-            r.force_full = True  # every policy may depend on the settings
-        return r
-
     def render(self, state: ProxyState) -> KernelspaceRendered:
         plans = []
         for family in self.ctx.families:
             graph = state.graphs.get(family)
             if graph is not None:
                 plans.append(
-                    self._renderer(family, state.node).render(graph, state.changes[family])
+                    self._renderers.with_settings(family, self.settings(family, state.node)).render(
+                        graph, state.changes[family]
+                    )
                 )
         return KernelspaceRendered(plans)
 
     def invalidate(self) -> None:
-        for r in self._renderers.values():
+        for r in self._renderers:
             r.invalidate()
 
     # --- the node: Windows HNS only ---------------------------------------------------------
