@@ -77,7 +77,6 @@ class IptablesBackend(Backend):
     def __init__(self, ctx: BackendContext) -> None:
         super().__init__(ctx)
         self._renderers = PerFamily(FamilyRenderer)
-        self._node: NodeInfo | None = None
         self._kernels = {f: IptablesKernel(f, ctx.netns) for f in ctx.families}
         #: nfacct counters: assumed present (any current kernel has nfacct) until prepare()
         #: finds out, so a render does not depend on the machine it runs on.

@@ -96,11 +96,9 @@ class KernelspaceBackend(Backend):
         for family in self.ctx.families:
             graph = state.graphs.get(family)
             if graph is not None:
-                plans.append(
-                    self._renderers.with_settings(family, self.settings(family, state.node)).render(
-                        graph, state.changes[family]
-                    )
-                )
+                settings = self.settings(family, state.node)
+                renderer = self._renderers.with_settings(family, settings)
+                plans.append(renderer.render(graph, state.changes[family]))
         return KernelspaceRendered(plans)
 
     def invalidate(self) -> None:
