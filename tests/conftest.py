@@ -1,4 +1,5 @@
-"""Shared fixtures: the ``kernel`` marker's skip and a namespace lab (``netlab``)."""
+"""Shared fixtures: the ``kernel`` marker's skip, a namespace lab (``netlab``) and empty
+network namespaces (``netns``, ``netns2``)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,26 @@ def netlab() -> Iterator[Lab]:
     reap_stale()  # leftovers of killed runs (their pid is dead); live runs are left alone
     with Lab(DEFAULT_SPEC, unique_prefix()) as lab:
         yield lab
+
+
+def _scratch_netns(stem: str) -> Iterator[str]:
+    """An empty namespace with loopback up, deleted afterwards (reap_stale() finds it if the
+    test process dies first)."""
+    name = f"{unique_prefix()}-{stem}"
+    if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
+        pytest.skip("needs root and network namespaces")
+    try:
+        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    yield from _scratch_netns("a")
+
+
+@pytest.fixture
+def netns2() -> Iterator[str]:
+    yield from _scratch_netns("b")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,17 +75,6 @@ def test_malformed_manifest_is_reported_and_the_rest_renders(tmp_path: Path) -> 
     assert "Service default/bad: spec.ports[0].port: must be between 1 and 65535" in proc.stderr
     assert str(tmp_path / "bad.yaml") in proc.stderr
     assert "KUBE-SVC-LOLE4ISW44XBNF3G" in proc.stdout
-
-
-@pytest.fixture
-def netns() -> Iterator[str]:
-    name = f"kpxcli{uuid.uuid4().hex[:8]}"
-    if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
-        pytest.skip("needs root and network namespaces")
-    try:
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 @pytest.mark.kernel

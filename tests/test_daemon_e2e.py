@@ -9,8 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,18 +35,6 @@ def wait_until(cond: Callable[[], bool], timeout: float = 15.0, what: str = "") 
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture
-def netns() -> Iterator[str]:
-    name = f"kpxd{uuid.uuid4().hex[:8]}"
-    if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
-        pytest.skip("needs root and network namespaces")
-    try:
-        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def nat(ns: str) -> str:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -70,21 +68,6 @@ def saved(ns: str) -> list[str]:
     return sorted(line for line in out.splitlines() if line and not line.startswith("#"))
 
 
-@pytest.fixture
-def two_netns() -> Iterator[tuple[str, str]]:
-    names = [f"kpxbat{uuid.uuid4().hex[:8]}" for _ in range(2)]
-    made = []
-    try:
-        for n in names:
-            if subprocess.run(["ip", "netns", "add", n], capture_output=True).returncode != 0:
-                pytest.skip("needs root and network namespaces")
-            made.append(n)
-        yield names[0], names[1]
-    finally:
-        for n in made:
-            subprocess.run(["ip", "netns", "del", n], check=False)
-
-
 def backend(netns: str) -> tuple[IptablesBackend, ClusterState]:
     state = ClusterState(NODE, families=(IPFamily.IPv4,))
     be = IptablesBackend(BackendContext(CONFIG, NODE, families=(IPFamily.IPv4,), netns=netns))
@@ -94,9 +77,9 @@ def backend(netns: str) -> tuple[IptablesBackend, ClusterState]:
 
 @pytest.mark.kernel
 def test_batched_full_and_partial_syncs_equal_one_restore(
-    two_netns: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+    netns: str, netns2: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    batched_ns, single_ns = two_netns
+    batched_ns, single_ns = netns, netns2
     batched, state = backend(batched_ns)
     load(state, objects(300))
     rendered = batched.render(state.checkout(full=True))

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -498,17 +497,6 @@ def test_run_once_with_an_unreachable_api_fails_after_a_bounded_wait(
             signal.signal(s, h)
     assert code == cli.EXIT_SYNC_FAILED
     assert time.monotonic() - started < 5
-
-
-@pytest.fixture
-def netns() -> Iterator[str]:
-    name = f"kpxapi{uuid.uuid4().hex[:8]}"
-    if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
-        pytest.skip("needs root and network namespaces")
-    try:
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 @pytest.mark.kernel

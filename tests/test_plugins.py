@@ -11,7 +11,6 @@ import stat
 import subprocess
 import sys
 import tomllib
-import uuid
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -426,17 +425,6 @@ def test_render_exception_keeps_the_previous_rules_and_the_next_sync_is_full(
     assert backend.history[-1].startswith('{"family":"IPv4","op":"full"}\n')
     assert NEW_ENDPOINT in file.read_text()
     assert file.read_text() == backend.applied_text
-
-
-@pytest.fixture
-def netns() -> Iterator[str]:
-    name = f"kpxplug{uuid.uuid4().hex[:8]}"
-    if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
-        pytest.skip("needs root and network namespaces")
-    try:
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 @pytest.mark.kernel
