@@ -1,7 +1,10 @@
 """The nftables dataplane: upstream kube-proxy's nftables mode, object for object.
 
 Everything lives in its own tables, ``ip kube-proxy`` and ``ip6 kube-proxy`` (never the shared
-nat/filter tables); every sync of every family is one atomic ``nft -f -`` transaction.
+nat/filter tables); every sync of every family is one atomic transaction: ``nft -f -`` for full
+syncs, the same batch straight over netlink for partial ones (kernel.py, netlink.py). The one
+exception is a big first sync into a namespace without the tables: it goes in stages, the
+services' chains first and the elements that make them reachable last (FamilyPlan.stages).
 Differences from the iptables mode are upstream's: no NodePorts on localhost, connections to
 unused ports of a ClusterIP are rejected, and no nfacct/route_localnet setup is needed.
 """
@@ -30,6 +33,11 @@ NODE_PORT_PRIMARY = "primary"
 #: What nft reports when a kernel before 6.2 still counts a reference from a map element
 #: deleted earlier in the same transaction.
 _BUSY = "Device or resource busy"
+#: A first sync into a namespace without the tables, if longer than STAGE_MIN_LINES (about
+#: 2,000 Services), goes in transactions of about STAGE_LINES lines (FamilyPlan.stages): one
+#: transaction costs O(services^2) in the kernel, which only shows at that size.
+STAGE_MIN_LINES = 100_000
+STAGE_LINES = 20_000
 
 
 def node_port_ips(
@@ -135,18 +143,34 @@ class NftablesBackend(Backend):
 
     # --- apply ------------------------------------------------------------------------------
 
-    def _find_leftovers(self, plans: list[FamilyPlan]) -> None:
+    def _find_leftovers(self, plans: list[FamilyPlan]) -> bool:
         """On a full sync: what the table holds that nothing wants (earlier runs, versions),
-        and what it lacks."""
+        and what it lacks. True if no plan's table exists yet (a first sync from scratch)."""
         full = [p for p in plans if p.full]
         if not full:
-            return
+            return False
         found = self._kernel.list_objects(p.settings.ip for p in full)
         if found is None:
-            return  # listing failed (logged): no leftovers removed, nothing repaired
+            return False  # listing failed (logged): no leftovers removed, nothing repaired
         for plan in full:
             objs = found.get(plan.settings.ip, TableObjects())
             plan.found_in_kernel(objs.chains, objs.sets, objs.maps)
+        return len(full) == len(plans) and not any(p.settings.ip in found for p in full)
+
+    def _apply_staged(self, plans: list[FamilyPlan]) -> int:
+        """A first sync into empty tables, in stages (FamilyPlan.stages); returns how many
+        transactions it took. A failure leaves inert objects that the next (full) sync, which
+        finds the tables, rewrites or removes in one transaction."""
+        texts = [stage for plan in plans for stage in plan.stages(STAGE_LINES)]
+        texts.append("".join(plan.last_stage() for plan in plans))
+        texts = [t for t in texts if t]
+        try:
+            for text in texts:
+                self._kernel.run(text, bulk=True)
+        except BackendError:
+            self.invalidate()
+            raise
+        return len(texts)
 
     def _delete_pending(self) -> None:
         """Chains a kernel before 6.2 refused to delete in their sync: delete them now."""
@@ -169,10 +193,13 @@ class NftablesBackend(Backend):
         assert isinstance(rendered, NftablesRendered)
         plans = rendered.plans
         self._delete_pending()
-        self._find_leftovers(plans)
+        fresh = self._find_leftovers(plans)
         text = rendered.kernel_input()
         transactions = 0
-        if text:
+        staged = fresh and all(not p.trusted for p in plans)
+        if staged and text.count("\n") > max(STAGE_MIN_LINES, STAGE_LINES):
+            transactions = self._apply_staged(plans)
+        elif text:
             try:
                 self._kernel.run(text)
             except BackendError as err:
@@ -225,5 +252,6 @@ class NftablesBackend(Backend):
     def describe(self) -> Sequence[str]:
         return [
             *super().describe(),
-            f"tables: ip {names.TABLE}, ip6 {names.TABLE} (one nft -f transaction per sync)",
+            f"tables: ip {names.TABLE}, ip6 {names.TABLE} (one transaction per sync:"
+            " nft -f, or netlink for partial syncs)",
         ]

@@ -1,4 +1,4 @@
-"""From the graph to one ``nft -f`` transaction, re-rendering only changed services.
+"""From the graph to one transaction (``nft -f`` text), re-rendering only changed services.
 
 A full sync is upstream's setupNFTables plus every service: inside the one transaction the
 fixed chains are re-created and flushed, the sets and maps flushed and given all their
@@ -57,6 +57,8 @@ class FamilyPlan:
     trusted: bool = False
     #: Chains and affinity sets (re)written: fixed objects and services, in order.
     parts: list[str] = field(default_factory=list)
+    #: Full plans: how many of ``parts`` are the fixed objects (setup_lines).
+    setup_parts: int = 0
     #: Found missing in the kernel by the backend on a full sync: chains and sets re-added.
     repair: list[str] = field(default_factory=list)
     #: Element deletes and adds (after every chain they name exists).
@@ -109,6 +111,31 @@ class FamilyPlan:
                 *self.removals(defer_chain_deletes),
             ]
         )
+
+    def stages(self, max_lines: int) -> list[str]:
+        """A full plan as several transactions: the fixed objects, then the services' chains
+        and sets in pieces of about ``max_lines`` lines; ``last_stage`` completes it.
+
+        Only for a table that did not exist: until the last stage adds the elements, nothing
+        refers to the services' chains, so no traffic meets a half-written table (none was
+        served before). The kernel binds each anonymous set by walking the whole transaction
+        (``__nft_set_trans_bind``), which makes one transaction of N services cost O(N^2).
+        """
+        out = ["".join(self.parts[: self.setup_parts])]
+        chunk: list[str] = []
+        lines = 0
+        for part in [*self.parts[self.setup_parts :], *self.repair]:
+            chunk.append(part)
+            lines += part.count("\n")
+            if lines >= max_lines:
+                out.append("".join(chunk))
+                chunk, lines = [], 0
+        if chunk:
+            out.append("".join(chunk))
+        return out
+
+    def last_stage(self) -> str:
+        return "".join([*self.element_parts, *self.removals()])
 
     def found_in_kernel(self, chains: set[str], sets: set[str], maps: set[str]) -> None:
         """What a full sync's listing of the table shows: remove what nothing wants, re-add
@@ -251,6 +278,7 @@ class FamilyRenderer:
         self.no_local = {"internal": 0, "external": 0}
         parts = plan.parts
         parts += setup_lines(self.settings, self.recreate_base_chains)
+        plan.setup_parts = len(parts)
         chains = plan.wanted_chains
         sets = plan.wanted_sets
         written = plan.chains_written

@@ -1,0 +1,294 @@
+"""nftables mode: sync times and memory at 1,000 and 10,000 Services x 10 endpoints.
+
+Prints, for each size, in one run (root; everything happens in throw-away network namespaces):
+* floor: `nft -f` alone loading the same table (kubeplex's first transaction) into an empty
+  namespace;
+* `kubeplex run --once --proxy-mode nftables` as a whole (process start, manifest load,
+  render, listing, nft -f), and its ratio to the floor (target <= 1.25 at 1,000 Services);
+* in-process full render time (target < 1 s at 10,000), and a one-endpoint partial sync (render
+  + transaction, median of several; target < 30 ms), with the render's share and which path
+  the transaction took (netlink, or nft -f);
+* the same one-endpoint transaction through `nft -f` (what it cost before the netlink path:
+  nft fetches every chain of the netns first);
+* peak RSS of the `run --once` process (should grow linearly with the cluster);
+* the kernel's floors, over netlink (no nft userspace at all): any commit (one element added to
+  a plain set: the commit walks every chain), and one rule or verdict element with a jump or
+  goto (the commit then validates the table's whole jump graph).
+
+The 10,000-Service table takes minutes to load (the kernel names each anonymous vmap by
+scanning every set of the table): whole-table loads are repeated only up to --slow-max.
+
+Usage: python bench/nftables_sync.py [--sizes 1000,10000] [--repeat 3] [--slow-max 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kubeplex.backends.nftables import NftablesBackend, names, netlink
+from kubeplex.backends.nftables.kernel import NftKernel
+from kubeplex.core.backend import BackendContext
+from kubeplex.core.cluster import ClusterState
+from kubeplex.core.config import parse_config
+from kubeplex.core.proxier import Proxier, collector_paused
+from kubeplex.core.sources.manifests import ManifestSource
+
+NODE = "bench-node"
+CONFIG = f"""apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+clusterCIDR: 10.128.0.0/9
+hostnameOverride: {NODE}
+"""
+
+
+def endpoint_ip(k: int) -> str:
+    base = (10 << 24) | (128 << 16)
+    v = base + k + 2
+    return ".".join(str((v >> s) & 255) for s in (24, 16, 8, 0))
+
+
+def cluster(n: int, endpoints: int = 10, version: int = 0) -> list[dict[str, Any]]:
+    objs: list[dict[str, Any]] = []
+    for i in range(n):
+        name = f"svc-{i}"
+        ip = f"10.96.{i // 250}.{i % 250 + 1}"
+        objs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": name, "namespace": "bench"},
+                "spec": {"clusterIP": ip, "ports": [{"port": 80, "protocol": "TCP"}]},
+            }
+        )
+        eps = []
+        for j in range(endpoints):
+            k = i * endpoints + j
+            eps.append(
+                {
+                    "addresses": [endpoint_ip(k + (version if k == 0 else 0) * 7_919_000)],
+                    "conditions": {"ready": True},
+                    "nodeName": NODE if j % 2 == 0 else "other",
+                }
+            )
+        objs.append(
+            {
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
+                "metadata": {
+                    "name": f"{name}-abcde",
+                    "namespace": "bench",
+                    "labels": {"kubernetes.io/service-name": name},
+                },
+                "addressType": "IPv4",
+                "ports": [{"name": "", "port": 8080, "protocol": "TCP"}],
+                "endpoints": eps,
+            }
+        )
+    return objs
+
+
+class Netns:
+    def __init__(self) -> None:
+        self.name = f"kpxbench{uuid.uuid4().hex[:8]}"
+
+    def __enter__(self) -> str:
+        subprocess.run(["ip", "netns", "add", self.name], check=True)
+        return self.name
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(["ip", "netns", "del", self.name], check=False)
+
+
+def timed(argv: list[str], input: str | None = None) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, input=input, text=True, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def kubeplex_cmd() -> list[str]:
+    """The CLI, reporting its own peak RSS (KiB, without the nft children)."""
+    return [
+        sys.executable,
+        "-c",
+        "import resource, sys; from kubeplex.core.cli import main; rc = main(sys.argv[1:]);"
+        " print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr);"
+        " sys.exit(rc)",
+    ]
+
+
+def netlink_ms(link: netlink.NftNetlink, text: str, undo: str, count: int = 5) -> float:
+    """Median time of a transaction sent over netlink (undone after each run)."""
+    do, back = netlink.compile_transaction(text), netlink.compile_transaction(undo)
+    times = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        link.apply(do)
+        times.append(time.perf_counter() - t0)
+        link.apply(back)
+    return statistics.median(times) * 1000
+
+
+def kernel_floors(ns: str, service_chain: str) -> dict[str, float]:
+    link = netlink.NftNetlink(ns)
+    t = f"ip {names.TABLE}"
+    probe = f"{t} kubeplex-probe"
+    try:
+        return {
+            "commit_ms": netlink_ms(
+                link,
+                f"add element {t} cluster-ips {{ 10.99.0.1 }}\n",
+                f"delete element {t} cluster-ips {{ 10.99.0.1 }}\n",
+            ),
+            "jump_rule_ms": netlink_ms(
+                link,
+                f"add chain {probe}\nadd rule {probe} jump {names.MARK_MASQ}\n",
+                f"flush chain {probe}\ndelete chain {probe}\n",
+            ),
+            "goto_element_ms": netlink_ms(
+                link,
+                f"add element {t} service-ips {{ 10.99.0.1 . tcp . 80 : goto {service_chain} }}\n",
+                f"delete element {t} service-ips {{ 10.99.0.1 . tcp . 80 }}\n",
+            ),
+        }
+    finally:
+        link.close()
+
+
+def bench_size(n: int, repeat: int, work: Path, slow_max: int) -> dict[str, Any]:
+    folder = work / f"m{n}"
+    folder.mkdir()
+    (folder / "cluster.json").write_text(json.dumps({"kind": "List", "items": cluster(n)}))
+    config = work / "config.yaml"
+    config.write_text(CONFIG)
+    cfg = parse_config(CONFIG, "bench")
+    loads = repeat if n <= slow_max else 1
+
+    # The table kubeplex would load, as nft -f input (IPv4 only, like the floor).
+    state = ClusterState(NODE)
+    ManifestSource(folder, state).load()
+    backend = NftablesBackend(BackendContext(cfg, NODE, families=state.families[:1]))
+    snapshot = state.checkout(full=True)
+    with collector_paused():  # as the daemon renders
+        t0 = time.perf_counter()
+        rendered = backend.render(snapshot)
+        full_render = time.perf_counter() - t0
+    table = rendered.kernel_input()
+    rules = table.count("\nadd rule ")
+
+    floors: list[float] = []
+    runs: list[float] = []
+    rss_kb = 0
+    for _ in range(loads):
+        with Netns() as ns:
+            floors.append(timed(["ip", "netns", "exec", ns, "nft", "-f", "-"], table))
+        with Netns() as ns:
+            argv = ["run", "--config", str(config), "--manifests", str(folder), "--once"]
+            start = time.perf_counter()
+            proc = subprocess.run(
+                [*kubeplex_cmd(), *argv, "--proxy-mode", "nftables", "--netns", ns],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            runs.append(time.perf_counter() - start)
+            rss_kb = max(rss_kb, int(proc.stderr.strip().splitlines()[-1]))
+
+    # Partial syncs: program a namespace in-process, then change one endpoint of one Service.
+    with Netns() as ns:
+        state = ClusterState(NODE, families=state.families[:1])
+        source = ManifestSource(folder, state)
+        source.load()
+        backend = NftablesBackend(BackendContext(cfg, NODE, families=state.families, netns=ns))
+        backend.prepare()
+        kernel = backend._kernel
+        assert isinstance(kernel, NftKernel)
+        proxier = Proxier(state, backend)
+        assert proxier.sync(full=True)
+        version = 0
+
+        def one_endpoint_changes(count: int) -> tuple[list[float], list[float], set[str]]:
+            nonlocal version
+            totals, renders, paths = [], [], set()
+            for _ in range(count):
+                version += 1
+                state.set_endpoint_slice(cluster(1, version=version)[1])
+                with collector_paused():
+                    t0 = time.perf_counter()
+                    r = backend.render(state.checkout())
+                    t1 = time.perf_counter()
+                    backend.apply(r)
+                    t2 = time.perf_counter()
+                assert not r.full
+                renders.append(t1 - t0)
+                totals.append(t2 - t0)
+                paths.add(kernel.last_path)
+            return totals, renders, paths
+
+        partials, partial_renders, paths = one_endpoint_changes(max(repeat, 5) + 1)
+        # The same syncs with every transaction through nft -f (its cache fetch included).
+        kernel.use_netlink = False
+        nft_times = one_endpoint_changes(3)[0]
+        kernel.use_netlink = True
+        service_chain = names.SERVICE_PREFIX + names.cached_base("bench/svc-0/tcp/")
+        floors_k = kernel_floors(ns, service_chain)
+    return {
+        "services": n,
+        "rules": rules,
+        "floor_s": statistics.median(floors),
+        "run_once_s": statistics.median(runs),
+        "ratio": statistics.median(runs) / statistics.median(floors),
+        "full_render_s": full_render,
+        "partial_sync_ms": statistics.median(partials) * 1000,
+        "partial_render_ms": statistics.median(partial_renders) * 1000,
+        "partial_path": "+".join(sorted(paths)),
+        "nft_partial_ms": statistics.median(nft_times) * 1000,
+        "peak_rss_mb": rss_kb / 1024,
+        **floors_k,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", default="1000,10000")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument(
+        "--slow-max",
+        type=int,
+        default=2000,
+        help="repeat whole-table loads (floor, run --once) only up to this many Services",
+    )
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("needs root (network namespaces)")
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (int(s) for s in args.sizes.split(",")):
+            r = bench_size(n, args.repeat, Path(tmp), args.slow_max)
+            print(
+                f"{r['services']:>6} services {r['rules']:>7} rules"
+                f" | nft -f floor {r['floor_s']:.3f} s"
+                f" | run --once {r['run_once_s']:.3f} s (x{r['ratio']:.2f})"
+                f" | full render {r['full_render_s']:.3f} s"
+                f" | 1-endpoint partial sync {r['partial_sync_ms']:.1f} ms"
+                f" (render {r['partial_render_ms']:.1f} ms, via {r['partial_path']};"
+                f" via nft -f {r['nft_partial_ms']:.1f} ms;"
+                f" kernel floors: commit {r['commit_ms']:.1f} ms,"
+                f" jump rule {r['jump_rule_ms']:.1f} ms,"
+                f" goto element {r['goto_element_ms']:.1f} ms)"
+                f" | peak RSS {r['peak_rss_mb']:.0f} MB",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
