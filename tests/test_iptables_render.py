@@ -19,8 +19,6 @@ tests/test_iptables_render.py`` rewrites them (review the diff line by line befo
 
 from __future__ import annotations
 
-import difflib
-import os
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -28,9 +26,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import render_kit
 import yaml
+from render_kit import (
+    LAB,
+    NODE,
+    NODE_IP,
+    V4,
+    V6,
+    RenderHarness,
+    assert_golden_file,
+    config,
+    endpoint_slice,
+    ep,
+    node_obj,
+    port,
+    service,
+    svc1,
+)
 
-import kubeplex.testing
 from kubeplex.backends.iptables import NFACCT_COUNTERS, IptablesBackend, names
 from kubeplex.backends.iptables.kernel import SavedRuleset, prelude
 from kubeplex.backends.iptables.render import FamilyPlan, FamilyRenderer, IptablesRendered
@@ -43,20 +57,13 @@ from kubeplex.backends.iptables.rules import (
     probability,
     service_rules,
 )
-from kubeplex.core.backend import BackendContext
-from kubeplex.core.cluster import ClusterState
-from kubeplex.core.config import KubeProxyConfiguration, load_config, parse_config
+from kubeplex.core.config import KubeProxyConfiguration, load_config
 from kubeplex.core.errors import BackendError
 from kubeplex.core.graph import ChangeSet, ServiceGraph
 from kubeplex.core.model import Endpoint, IPFamily, NodeInfo, Protocol, ServicePort, ServicePortName
 from kubeplex.core.sources.manifests import ManifestSource
 
-V4, V6 = IPFamily.IPv4, IPFamily.IPv6
-NODE = "test-hostname"
-NODE_IP = "192.168.0.2"
 GOLDEN = Path(__file__).parent / "golden" / "iptables"
-LAB = Path(kubeplex.testing.__file__).parent / "lab"
-UPDATE_GOLDEN = os.environ.get("KUBEPLEX_UPDATE_GOLDEN") == "1"
 
 #: upstream's NewFakeProxier detects local traffic by this cluster CIDR.
 UPSTREAM = {"clusterCIDR": "10.0.0.0/8"}
@@ -64,108 +71,10 @@ UPSTREAM = {"clusterCIDR": "10.0.0.0/8"}
 NO_DETECTOR: dict[str, Any] = {}
 
 
-# --- objects ------------------------------------------------------------------------------------
-
-
-def config(fields: Mapping[str, Any]) -> KubeProxyConfiguration:
-    doc = {
-        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
-        "kind": "KubeProxyConfiguration",
-        **fields,
-    }
-    return parse_config(yaml.safe_dump(doc), "test config")
-
-
-def port(
-    port: int = 80, name: str = "p80", protocol: str = "TCP", node_port: int | None = None
-) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": name, "port": port, "protocol": protocol}
-    if node_port is not None:
-        out["nodePort"] = node_port
-    return out
-
-
-def service(
-    ns: str,
-    name: str,
-    cluster_ip: str,
-    ports: Sequence[dict[str, Any]],
-    *,
-    ingress: Sequence[str] = (),
-    **spec: Any,
-) -> dict[str, Any]:
-    obj: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"clusterIP": cluster_ip, "ports": list(ports), **spec},
-    }
-    if ingress:
-        obj["status"] = {"loadBalancer": {"ingress": [{"ip": ip} for ip in ingress]}}
-    return obj
-
-
-def ep(
-    ip: str,
-    node: str | None = None,
-    *,
-    ready: bool | None = None,
-    serving: bool | None = None,
-    terminating: bool | None = None,
-) -> dict[str, Any]:
-    out: dict[str, Any] = {"addresses": [ip]}
-    conditions = {
-        k: v
-        for k, v in (("ready", ready), ("serving", serving), ("terminating", terminating))
-        if v is not None
-    }
-    if conditions:
-        out["conditions"] = conditions
-    if node is not None:
-        out["nodeName"] = node
-    return out
-
-
-def endpoint_slice(
-    ns: str,
-    svc: str,
-    endpoints: Sequence[dict[str, Any]],
-    ports: Sequence[dict[str, Any]] = (port(),),
-    *,
-    family: str = "IPv4",
-    name: str | None = None,
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": name or f"{svc}-1",
-            "namespace": ns,
-            "labels": {"kubernetes.io/service-name": svc},
-        },
-        "addressType": family,
-        "ports": [{k: v for k, v in p.items() if k != "nodePort"} for p in ports],
-        "endpoints": list(endpoints),
-    }
-
-
-def node_obj(
-    addresses: Sequence[str] = (NODE_IP,), pod_cidrs: Sequence[str] = (), name: str = NODE
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {"podCIDRs": list(pod_cidrs)} if pod_cidrs else {}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name},
-        "spec": spec,
-        "status": {"addresses": [{"type": "InternalIP", "address": a} for a in addresses]},
-    }
-
-
 # --- harness ------------------------------------------------------------------------------------
 
 
-class Harness:
+class Harness(RenderHarness[IptablesBackend, IptablesRendered]):
     """ClusterState + IptablesBackend.render, without a kernel."""
 
     def __init__(
@@ -176,28 +85,10 @@ class Harness:
         nfacct: bool = False,
         node: str = NODE,
     ) -> None:
-        self.cfg = cfg if isinstance(cfg, KubeProxyConfiguration) else config(cfg)
-        self.cluster = ClusterState(node, families)
-        self.backend = IptablesBackend(BackendContext(self.cfg, node, families))
+        super().__init__(IptablesBackend, objects, cfg, families, node)
         # Whether nfacct counters exist is found out on the node; a render test must not
         # depend on the host it runs on (upstream's fake proxier has none).
         self.backend._nfacct = frozenset(NFACCT_COUNTERS) if nfacct else frozenset()
-        self.feed(objects)
-
-    def feed(self, objects: Iterable[Mapping[str, Any]]) -> None:
-        for obj in objects:
-            kind = obj["kind"]
-            if kind == "Service":
-                self.cluster.set_service(obj)
-            elif kind == "EndpointSlice":
-                self.cluster.set_endpoint_slice(obj)
-            elif kind == "Node":
-                self.cluster.set_node(obj)
-            else:
-                raise AssertionError(f"unexpected kind {kind}")
-
-    def render(self, full: bool = False) -> IptablesRendered:
-        return self.backend.render(self.cluster.checkout(full=full))
 
     def commit(self, rendered: IptablesRendered) -> None:
         """What apply() does after a successful iptables-restore, minus the kernel."""
@@ -236,21 +127,7 @@ def all_lines(rendered: IptablesRendered) -> list[str]:
 
 
 def assert_golden(name: str, rendered: IptablesRendered | str) -> None:
-    text = str(rendered)
-    path = GOLDEN / f"{name}.txt"
-    if UPDATE_GOLDEN:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        return
-    assert path.exists(), f"{path} is missing: run with KUBEPLEX_UPDATE_GOLDEN=1 and review it"
-    expected = path.read_text()
-    if text != expected:
-        diff = "\n".join(
-            difflib.unified_diff(
-                expected.splitlines(), text.splitlines(), str(path), "rendered", lineterm=""
-            )
-        )
-        pytest.fail(f"rendered rules differ from {path.name}:\n{diff}")
+    assert_golden_file(GOLDEN / f"{name}.txt", str(rendered), "rendered rules differ")
 
 
 # --- iptables-save form -------------------------------------------------------------------------
@@ -524,44 +401,7 @@ def _yaml_docs(path: Path) -> list[dict[str, Any]]:
 def overall_objects() -> list[dict[str, Any]]:
     """TestOverallIPTablesRules: ClusterIP, LB (Local), NodePort, ExternalIP, LB with source
     ranges, and a Service without endpoints."""
-    return [
-        node_obj(),
-        service("ns1", "svc1", "172.30.0.41", [port()]),
-        service(
-            "ns2",
-            "svc2",
-            "172.30.0.42",
-            [port(node_port=3001)],
-            type="LoadBalancer",
-            externalTrafficPolicy="Local",
-            externalIPs=["192.168.99.22"],
-            healthCheckNodePort=30000,
-            ingress=["1.2.3.4"],
-        ),
-        service("ns3", "svc3", "172.30.0.43", [port(node_port=3003)], type="NodePort"),
-        service(
-            "ns4", "svc4", "172.30.0.44", [port()], type="NodePort", externalIPs=["192.168.99.33"]
-        ),
-        service(
-            "ns5",
-            "svc5",
-            "172.30.0.45",
-            [port(node_port=3002)],
-            type="LoadBalancer",
-            externalTrafficPolicy="Cluster",
-            healthCheckNodePort=30000,
-            # Extra whitespace must not break anything (upstream trims it).
-            loadBalancerSourceRanges=[" 203.0.113.0/25"],
-            ingress=["5.6.7.8"],
-        ),
-        service("ns6", "svc6", "172.30.0.46", [port()]),
-        endpoint_slice("ns1", "svc1", [ep("10.180.0.1")]),
-        # Not local (no nodeName): svc2 has no local endpoint.
-        endpoint_slice("ns2", "svc2", [ep("10.180.0.2")]),
-        endpoint_slice("ns3", "svc3", [ep("10.180.0.3")]),
-        endpoint_slice("ns4", "svc4", [ep("10.180.0.4"), ep("10.180.0.5", NODE)]),
-        endpoint_slice("ns5", "svc5", [ep("10.180.0.3")]),
-    ]
+    return render_kit.overall_objects(node_obj(), NODE)
 
 
 def test_upstream_overall() -> None:
@@ -575,20 +415,7 @@ def test_upstream_overall() -> None:
 
 
 def lb_source_ranges_objects() -> list[dict[str, Any]]:
-    """TestLoadBalancer: two ingress IPs and source ranges, one of them holding the node IP."""
-    return [
-        node_obj(),
-        service(
-            "ns1",
-            "svc1",
-            "172.30.0.41",
-            [port(node_port=3001)],
-            type="LoadBalancer",
-            loadBalancerSourceRanges=["192.168.0.0/24", " 203.0.113.0/25"],
-            ingress=["1.2.3.4", "5.6.7.8"],
-        ),
-        endpoint_slice("ns1", "svc1", [ep("10.180.0.1")]),
-    ]
+    return render_kit.lb_source_ranges_objects(node_obj())
 
 
 def test_upstream_load_balancer_source_ranges() -> None:
@@ -628,22 +455,7 @@ def test_allow_from_node_checks_the_primary_node_ip_only() -> None:
 
 
 def etp_local_objects() -> list[dict[str, Any]]:
-    """TestExternalTrafficPolicyLocal: LB + externalIP + NodePort, one local endpoint."""
-    return [
-        node_obj(),
-        service(
-            "ns1",
-            "svc1",
-            "172.30.0.41",
-            [port(node_port=3001)],
-            type="LoadBalancer",
-            externalTrafficPolicy="Local",
-            healthCheckNodePort=30000,
-            externalIPs=["192.168.99.11"],
-            ingress=["1.2.3.4"],
-        ),
-        endpoint_slice("ns1", "svc1", [ep("10.180.0.1"), ep("10.180.2.1", NODE)]),
-    ]
+    return render_kit.etp_local_objects(node_obj(), NODE)
 
 
 def test_upstream_external_traffic_policy_local() -> None:
@@ -806,14 +618,7 @@ def only_local_objects() -> list[dict[str, Any]]:
     """upstream's onlyLocalNodePorts(): a NodePort Service, Local policy, one local endpoint."""
     return [
         node_obj(),
-        service(
-            "ns1",
-            "svc1",
-            "172.30.0.41",
-            [port(node_port=3001)],
-            type="NodePort",
-            externalTrafficPolicy="Local",
-        ),
+        svc1("NodePort", externalTrafficPolicy="Local"),
         endpoint_slice("ns1", "svc1", [ep("10.180.0.1"), ep("10.180.2.1", NODE)]),
     ]
 
@@ -902,22 +707,9 @@ def test_upstream_internal_traffic_policy_local_without_local_endpoints() -> Non
 
 def terminating_objects(policy: str, endpoints: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """TestTerminatingEndpointsTrafficPolicy{Local,Cluster}: LB, ClientIP affinity, HC port."""
-    return [
-        node_obj(),
-        service(
-            "ns1",
-            "svc1",
-            "172.30.1.1",
-            [port(name="")],
-            type="LoadBalancer",
-            externalTrafficPolicy=policy,
-            healthCheckNodePort=30000,
-            sessionAffinity="ClientIP",
-            sessionAffinityConfig={"clientIP": {"timeoutSeconds": 10800}},
-            ingress=["1.2.3.4"],
-        ),
-        endpoint_slice("ns1", "svc1", endpoints, [port(name="")]),
-    ]
+    return render_kit.terminating_objects(
+        node_obj(), policy, endpoints, health_check_node_port=30000
+    )
 
 
 READY = {"ready": True, "serving": True, "terminating": False}
@@ -997,15 +789,7 @@ def test_upstream_no_endpoints_reject() -> None:
     """TestNoEndpointsReject: cluster IP, external IP, NodePort and LB IP all REJECT."""
     objects = [
         node_obj(),
-        service(
-            "ns1",
-            "svc1",
-            "172.30.0.41",
-            [port(node_port=3001)],
-            type="LoadBalancer",
-            externalIPs=["192.168.99.11"],
-            ingress=["1.2.3.4"],
-        ),
+        svc1("LoadBalancer", externalIPs=["192.168.99.11"], ingress=["1.2.3.4"]),
     ]
     rendered = render(objects)
     assert_golden("upstream-no-endpoints", rendered)
@@ -1566,6 +1350,11 @@ def test_failed_apply_forces_full_sync() -> None:
 EVIL = '" -j EVIL\n-A INPUT -j EVIL'
 
 
+def web(ports: Sequence[dict[str, Any]] = (port(),), **spec: Any) -> dict[str, Any]:
+    """ns1/web at 172.30.0.9, the Service the injection cases tamper with."""
+    return service("ns1", "web", "172.30.0.9", ports, **spec)
+
+
 @pytest.mark.parametrize(
     ("obj", "where", "field"),
     [
@@ -1581,34 +1370,27 @@ EVIL = '" -j EVIL\n-A INPUT -j EVIL'
             "spec.clusterIP",
         ),
         (
-            service(
-                "ns1", "web", "172.30.0.9", [port()], externalIPs=["1.2.3.4\n-A INPUT -j EVIL"]
-            ),
+            web(externalIPs=["1.2.3.4\n-A INPUT -j EVIL"]),
             "Service ns1/web",
             "spec.externalIPs[0]",
         ),
         (
-            service("ns1", "web", "172.30.0.9", [port(name='http" -j EVIL')]),
+            web([port(name='http" -j EVIL')]),
             "Service ns1/web",
             "spec.ports[0].name",
         ),
         (
-            service("ns1", "web", "172.30.0.9", [{"name": "p80", "port": "80 -j EVIL"}]),
+            web([{"name": "p80", "port": "80 -j EVIL"}]),
             "Service ns1/web",
             "spec.ports[0].port",
         ),
         (
-            service(
-                "ns1", "web", "172.30.0.9", [{"name": "p80", "port": 80, "protocol": "tcp -j EVIL"}]
-            ),
+            web([{"name": "p80", "port": 80, "protocol": "tcp -j EVIL"}]),
             "Service ns1/web",
             "spec.ports[0].protocol",
         ),
         (
-            service(
-                "ns1",
-                "web",
-                "172.30.0.9",
+            web(
                 [port(node_port=3001)],
                 type="LoadBalancer",
                 loadBalancerSourceRanges=["0.0.0.0/0 -j EVIL"],
@@ -1617,10 +1399,7 @@ EVIL = '" -j EVIL\n-A INPUT -j EVIL'
             "spec.loadBalancerSourceRanges[0]",
         ),
         (
-            service(
-                "ns1",
-                "web",
-                "172.30.0.9",
+            web(
                 [port(node_port=3001)],
                 type="LoadBalancer",
                 ingress=["1.2.3.4 --dport 1 -j EVIL"],
@@ -1629,11 +1408,7 @@ EVIL = '" -j EVIL\n-A INPUT -j EVIL'
             "status.loadBalancer.ingress[0].ip",
         ),
         (
-            service(
-                "ns1",
-                "web",
-                "172.30.0.9",
-                [port()],
+            web(
                 sessionAffinity="ClientIP",
                 sessionAffinityConfig={"clientIP": {"timeoutSeconds": "10 -j EVIL"}},
             ),

@@ -10,9 +10,7 @@ tests/test_kernelspace_render.py`` rewrites them (review the diff before committ
 
 from __future__ import annotations
 
-import difflib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,7 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+import render_kit
+from render_kit import (
+    LAB,
+    NODE,
+    NODE_IP,
+    V4,
+    V6,
+    RenderHarness,
+    assert_golden_file,
+    node_obj,
+    port,
+)
 
 import kubeplex.testing
 from kubeplex.backends.kernelspace import KernelspaceBackend
@@ -34,19 +43,14 @@ from kubeplex.backends.kernelspace.policies import (
 from kubeplex.core import plugins
 from kubeplex.core.backend import BackendContext
 from kubeplex.core.cluster import ClusterState
-from kubeplex.core.config import KubeProxyConfiguration, load_config, parse_config
+from kubeplex.core.config import KubeProxyConfiguration, load_config
 from kubeplex.core.errors import BackendError
 from kubeplex.core.model import Endpoint, IPFamily, ServicePort, ServicePortName
 from kubeplex.core.sources.manifests import ManifestSource
 
-V4, V6 = IPFamily.IPv4, IPFamily.IPv6
-NODE = "test-hostname"
-NODE_IP = "192.168.0.2"
 OTHER = "other-node"
-LAB = Path(kubeplex.testing.__file__).parent / "lab"
 GOLDEN = Path(__file__).parent / "golden" / "kernelspace"
 ROOT = Path(__file__).resolve().parent.parent
-UPDATE_GOLDEN = os.environ.get("KUBEPLEX_UPDATE_GOLDEN") == "1"
 BASE = {"clusterCIDR": "10.0.0.0/8", "hostnameOverride": NODE}
 
 
@@ -60,17 +64,7 @@ def _no_kube_network(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def config(fields: Mapping[str, Any] = BASE) -> KubeProxyConfiguration:
-    doc = {"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration"}
-    return parse_config(yaml.safe_dump({**doc, "mode": "kernelspace", **fields}), "test config")
-
-
-def port(
-    number: int = 80, name: str = "p80", protocol: str = "TCP", node_port: int | None = None
-) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": name, "port": number, "protocol": protocol}
-    if node_port is not None:
-        out["nodePort"] = node_port
-    return out
+    return render_kit.config({"mode": "kernelspace", **fields})
 
 
 def service(
@@ -79,18 +73,9 @@ def service(
     ports: Sequence[dict[str, Any]] = (port(),),
     *,
     ns: str = "ns1",
-    ingress: Sequence[str] = (),
-    **spec: Any,
+    **fields: Any,
 ) -> dict[str, Any]:
-    obj: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"clusterIP": cluster_ip, "ports": list(ports), **spec},
-    }
-    if ingress:
-        obj["status"] = {"loadBalancer": {"ingress": [{"ip": ip} for ip in ingress]}}
-    return obj
+    return render_kit.service(ns, name, cluster_ip, ports, **fields)
 
 
 def ep(
@@ -101,11 +86,8 @@ def ep(
     serving: bool = True,
     terminating: bool = False,
 ) -> dict[str, Any]:
-    return {
-        "addresses": [ip],
-        "nodeName": node,
-        "conditions": {"ready": ready, "serving": serving, "terminating": terminating},
-    }
+    """An endpoint with every condition written (winkernel reads all three)."""
+    return render_kit.ep(ip, node, ready=ready, serving=serving, terminating=terminating)
 
 
 def endpoint_slice(
@@ -116,30 +98,10 @@ def endpoint_slice(
     ns: str = "ns1",
     family: str = "IPv4",
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": f"{svc}-1",
-            "namespace": ns,
-            "labels": {"kubernetes.io/service-name": svc},
-        },
-        "addressType": family,
-        "ports": [{k: v for k, v in p.items() if k != "nodePort"} for p in ports],
-        "endpoints": list(endpoints),
-    }
+    return render_kit.endpoint_slice(ns, svc, endpoints, ports, family=family)
 
 
-def node_obj(addresses: Sequence[str] = (NODE_IP,)) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": NODE},
-        "status": {"addresses": [{"type": "InternalIP", "address": a} for a in addresses]},
-    }
-
-
-class Harness:
+class Harness(RenderHarness[KernelspaceBackend, KernelspaceRendered]):
     """ClusterState + KernelspaceBackend.render, on any OS."""
 
     def __init__(
@@ -148,22 +110,10 @@ class Harness:
         cfg: Mapping[str, Any] | KubeProxyConfiguration = BASE,
         families: tuple[IPFamily, ...] = (V4,),
     ) -> None:
-        self.cfg = cfg if isinstance(cfg, KubeProxyConfiguration) else config(cfg)
-        self.cluster = ClusterState(NODE, families)
-        self.backend = KernelspaceBackend(BackendContext(self.cfg, NODE, families))
-        self.feed([node_obj(), *objects])
-
-    def feed(self, objects: Iterable[Mapping[str, Any]]) -> None:
-        for obj in objects:
-            if obj["kind"] == "Service":
-                self.cluster.set_service(obj)
-            elif obj["kind"] == "EndpointSlice":
-                self.cluster.set_endpoint_slice(obj)
-            else:
-                self.cluster.set_node(obj)
+        super().__init__(KernelspaceBackend, [node_obj(), *objects], cfg, families, NODE, config)
 
     def rendered(self, full: bool = False) -> KernelspaceRendered:
-        return self.backend.render(self.cluster.checkout(full=full))
+        return self.render(full)
 
     def family(self, full: bool = False, family: IPFamily = V4) -> dict[str, Any]:
         doc = json.loads(str(self.rendered(full)))
@@ -204,18 +154,7 @@ def kinds(fam: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def assert_golden(name: str, text: str) -> None:
-    path = GOLDEN / f"{name}.json"
-    if UPDATE_GOLDEN:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        return
-    assert path.exists(), f"{path} is missing: run with KUBEPLEX_UPDATE_GOLDEN=1 and review it"
-    expected = path.read_text()
-    if text != expected:
-        diff = "\n".join(
-            difflib.unified_diff(expected.splitlines(), text.splitlines(), str(path), "rendered")
-        )
-        pytest.fail(f"rendered policies differ from {path.name}:\n{diff}")
+    assert_golden_file(GOLDEN / f"{name}.json", text, "rendered policies differ", lineterm="\n")
 
 
 # --- the seed lab ------------------------------------------------------------------------------

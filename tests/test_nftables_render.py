@@ -28,9 +28,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+import render_kit
+from render_kit import (
+    LAB,
+    NODE_IP,
+    V4,
+    V6,
+    RenderHarness,
+    assert_golden_file,
+    endpoint_slice,
+    ep,
+    port,
+    service,
+    svc1,
+)
 
-import kubeplex.testing
 from kubeplex.backends.nftables import NftablesBackend, node_port_ips
 from kubeplex.backends.nftables import names as N
 from kubeplex.backends.nftables.kernel import TableObjects, parse_listing
@@ -45,19 +57,15 @@ from kubeplex.backends.nftables.rules import (
 from kubeplex.core import plugins
 from kubeplex.core.backend import BackendContext
 from kubeplex.core.cluster import ClusterState
-from kubeplex.core.config import KubeProxyConfiguration, load_config, parse_config, with_overrides
+from kubeplex.core.config import KubeProxyConfiguration, load_config, with_overrides
 from kubeplex.core.errors import BackendError
 from kubeplex.core.graph import ChangeSet, ServiceGraph
 from kubeplex.core.localdetect import LocalDetector
 from kubeplex.core.model import Endpoint, IPFamily, NodeInfo, Protocol, ServicePort, ServicePortName
 from kubeplex.core.sources.manifests import ManifestSource
 
-V4, V6 = IPFamily.IPv4, IPFamily.IPv6
 NODE = "test-node"
-NODE_IP = "192.168.0.2"
 GOLDEN = Path(__file__).parent / "golden" / "nftables"
-LAB = Path(kubeplex.testing.__file__).parent / "lab"
-UPDATE_GOLDEN = os.environ.get("KUBEPLEX_UPDATE_GOLDEN") == "1"
 
 #: upstream's NewFakeProxier.
 UPSTREAM: dict[str, Any] = {
@@ -72,77 +80,11 @@ UPSTREAM_SERVICE_CIDRS = ("172.30.0.0/16", "fd00:10:96::/112")
 
 
 def config(fields: Mapping[str, Any]) -> KubeProxyConfiguration:
-    doc = {"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration"}
-    return parse_config(yaml.safe_dump({**doc, **fields}), "test config", plugins.known_modes())
-
-
-def port(
-    port: int = 80, name: str = "p80", protocol: str = "TCP", node_port: int | None = None
-) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": name, "port": port, "protocol": protocol}
-    if node_port is not None:
-        out["nodePort"] = node_port
-    return out
-
-
-def service(
-    ns: str,
-    name: str,
-    cluster_ip: str,
-    ports: Sequence[dict[str, Any]],
-    *,
-    ingress: Sequence[str] = (),
-    **spec: Any,
-) -> dict[str, Any]:
-    obj: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"clusterIP": cluster_ip, "ports": list(ports), **spec},
-    }
-    if ingress:
-        obj["status"] = {"loadBalancer": {"ingress": [{"ip": ip} for ip in ingress]}}
-    return obj
-
-
-def ep(ip: str, node: str | None = None, **conditions: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"addresses": [ip]}
-    if conditions:
-        out["conditions"] = conditions
-    if node is not None:
-        out["nodeName"] = node
-    return out
-
-
-def endpoint_slice(
-    ns: str,
-    svc: str,
-    endpoints: Sequence[dict[str, Any]],
-    ports: Sequence[dict[str, Any]] = (port(),),
-    *,
-    family: str = "IPv4",
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": f"{svc}-1",
-            "namespace": ns,
-            "labels": {"kubernetes.io/service-name": svc},
-        },
-        "addressType": family,
-        "ports": [{k: v for k, v in p.items() if k != "nodePort"} for p in ports],
-        "endpoints": list(endpoints),
-    }
+    return render_kit.config(fields, known_modes=plugins.known_modes())
 
 
 def node_obj(addresses: Sequence[str] = (NODE_IP, "2001:db8::1")) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": NODE},
-        "status": {"addresses": [{"type": "InternalIP", "address": a} for a in addresses]},
-    }
+    return render_kit.node_obj(addresses, name=NODE)
 
 
 # --- a fake nft ---------------------------------------------------------------------------------
@@ -360,7 +302,7 @@ def assert_same_table(expected: str, got: str) -> None:
 # --- harness ------------------------------------------------------------------------------------
 
 
-class Harness:
+class Harness(RenderHarness[NftablesBackend, NftablesRendered]):
     """ClusterState + NftablesBackend over a FakeNft: render, apply, inspect."""
 
     def __init__(
@@ -371,24 +313,10 @@ class Harness:
         node: str = NODE,
         service_cidrs: tuple[str, ...] = UPSTREAM_SERVICE_CIDRS,
     ) -> None:
-        self.cfg = cfg if isinstance(cfg, KubeProxyConfiguration) else config(cfg)
-        self.cluster = ClusterState(node, families)
-        self.backend = NftablesBackend(BackendContext(self.cfg, node, families))
+        super().__init__(NftablesBackend, objects, cfg, families, node, config)
         self.backend.service_cidrs = service_cidrs
         self.kernel = FakeKernel()
         self.backend._kernel = self.kernel  # type: ignore[assignment]
-        self.feed(objects)
-
-    def feed(self, objects: Iterable[Mapping[str, Any]]) -> None:
-        for obj in objects:
-            {
-                "Service": self.cluster.set_service,
-                "EndpointSlice": self.cluster.set_endpoint_slice,
-                "Node": self.cluster.set_node,
-            }[obj["kind"]](obj)
-
-    def render(self, full: bool = False) -> NftablesRendered:
-        return self.backend.render(self.cluster.checkout(full=full))
 
     def sync(self, full: bool = False) -> NftablesRendered:
         """Render and apply (through the backend's real apply step, on the fake kernel)."""
@@ -409,21 +337,7 @@ def render(
 
 
 def assert_golden(name: str, rendered: NftablesRendered | str) -> None:
-    text = str(rendered)
-    path = GOLDEN / f"{name}.txt"
-    if UPDATE_GOLDEN:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        return
-    assert path.exists(), f"{path} is missing: run with KUBEPLEX_UPDATE_GOLDEN=1 and review it"
-    expected = path.read_text()
-    if text != expected:
-        diff = "\n".join(
-            difflib.unified_diff(
-                expected.splitlines(), text.splitlines(), str(path), "rendered", lineterm=""
-            )
-        )
-        pytest.fail(f"rendered transaction differs from {path.name}:\n{diff}")
+    assert_golden_file(GOLDEN / f"{name}.txt", str(rendered), "rendered transaction differs")
 
 
 def lines_of(rendered: NftablesRendered | str) -> list[str]:
@@ -754,44 +668,12 @@ add element ip kube-proxy no-endpoint-services { 172.30.0.46 . tcp . 80 comment 
 def overall_objects() -> list[dict[str, Any]]:
     """TestOverallNFTablesRules: ClusterIP, LB (Local), NodePort, ExternalIP, LB with source
     ranges and affinity, and a Service without endpoints."""
-    return [
+    return render_kit.overall_objects(
         node_obj(),
-        service("ns1", "svc1", "172.30.0.41", [port()]),
-        service(
-            "ns2",
-            "svc2",
-            "172.30.0.42",
-            [port(node_port=3001)],
-            type="LoadBalancer",
-            externalTrafficPolicy="Local",
-            externalIPs=["192.168.99.22"],
-            healthCheckNodePort=30000,
-            ingress=["1.2.3.4"],
-        ),
-        service("ns3", "svc3", "172.30.0.43", [port(node_port=3003)], type="NodePort"),
-        service(
-            "ns4", "svc4", "172.30.0.44", [port()], type="NodePort", externalIPs=["192.168.99.33"]
-        ),
-        service(
-            "ns5",
-            "svc5",
-            "172.30.0.45",
-            [port(node_port=3002)],
-            type="LoadBalancer",
-            externalTrafficPolicy="Cluster",
-            healthCheckNodePort=30000,
-            loadBalancerSourceRanges=[" 203.0.113.0/25"],  # whitespace is trimmed
-            sessionAffinity="ClientIP",
-            sessionAffinityConfig={"clientIP": {"timeoutSeconds": 10800}},
-            ingress=["5.6.7.8"],
-        ),
-        service("ns6", "svc6", "172.30.0.46", [port()]),
-        endpoint_slice("ns1", "svc1", [ep("10.180.0.1")]),
-        endpoint_slice("ns2", "svc2", [ep("10.180.0.2")]),  # not local: no nodeName
-        endpoint_slice("ns3", "svc3", [ep("10.180.0.3")]),
-        endpoint_slice("ns4", "svc4", [ep("10.180.0.4"), ep("10.180.0.5", NODE)]),
-        endpoint_slice("ns5", "svc5", [ep("10.180.0.3")]),
-    ]
+        NODE,
+        sessionAffinity="ClientIP",
+        sessionAffinityConfig={"clientIP": {"timeoutSeconds": 10800}},
+    )
 
 
 def test_upstream_overall_golden() -> None:
@@ -982,15 +864,7 @@ def test_upstream_no_endpoints_reject() -> None:
     h = Harness(
         [
             node_obj(),
-            service(
-                "ns1",
-                "svc1",
-                "172.30.0.41",
-                [port(node_port=3001)],
-                type="LoadBalancer",
-                externalIPs=["192.168.99.11"],
-                ingress=["1.2.3.4"],
-            ),
+            svc1("LoadBalancer", externalIPs=["192.168.99.11"], ingress=["1.2.3.4"]),
         ]
     )
     assert_golden("upstream-no-endpoints", h.sync())
@@ -1009,23 +883,7 @@ def test_upstream_no_endpoints_reject() -> None:
 def test_upstream_external_traffic_policy_local() -> None:
     """TestExternalTrafficPolicyLocal: external traffic goes to the local endpoint only,
     unmasqueraded; pod and node traffic is short-circuited to the cluster chain."""
-    h = Harness(
-        [
-            node_obj(),
-            service(
-                "ns1",
-                "svc1",
-                "172.30.0.41",
-                [port(node_port=3001)],
-                type="LoadBalancer",
-                externalTrafficPolicy="Local",
-                externalIPs=["192.168.99.11"],
-                healthCheckNodePort=30000,
-                ingress=["1.2.3.4"],
-            ),
-            endpoint_slice("ns1", "svc1", [ep("10.180.0.1"), ep("10.180.2.1", NODE)]),
-        ]
-    )
+    h = Harness(render_kit.etp_local_objects(node_obj(), NODE))
     assert_golden("upstream-etp-local", h.sync())
     dump = h.dump()
     ext = "external-ULMVA6XW-ns1/svc1/tcp/p80"
@@ -1051,14 +909,7 @@ def test_external_traffic_policy_local_without_local_endpoints_drops() -> None:
     h = Harness(
         [
             node_obj(),
-            service(
-                "ns1",
-                "svc1",
-                "172.30.0.41",
-                [port(node_port=3001)],
-                type="NodePort",
-                externalTrafficPolicy="Local",
-            ),
+            svc1("NodePort", externalTrafficPolicy="Local"),
             endpoint_slice("ns1", "svc1", [ep("10.180.0.1", "other-node")]),
         ]
     )
@@ -1110,21 +961,7 @@ def test_internal_traffic_policy_local_without_local_endpoints_drops() -> None:
 def test_upstream_load_balancer_source_ranges_allow_the_node() -> None:
     """TestLoadBalancer: the source ranges include the node IP, so the LB IPs are allowed as
     sources too; NodePorts are not subject to the ranges."""
-    h = Harness(
-        [
-            node_obj(),
-            service(
-                "ns1",
-                "svc1",
-                "172.30.0.41",
-                [port(node_port=3001)],
-                type="LoadBalancer",
-                loadBalancerSourceRanges=["192.168.0.0/24", " 203.0.113.0/25"],
-                ingress=["1.2.3.4", "5.6.7.8"],
-            ),
-            endpoint_slice("ns1", "svc1", [ep("10.180.0.1")]),
-        ]
-    )
+    h = Harness(render_kit.lb_source_ranges_objects(node_obj()))
     assert_golden("upstream-loadbalancer", h.sync())
     dump = h.dump()
     fw = "firewall-ULMVA6XW-ns1/svc1/tcp/p80"
@@ -1144,12 +981,9 @@ def test_source_ranges_without_the_node_ip_do_not_allow_the_vips() -> None:
     h = Harness(
         [
             node_obj(),
-            service(
-                "ns1",
-                "svc1",
-                "172.30.0.41",
-                [port()],
-                type="LoadBalancer",
+            svc1(
+                "LoadBalancer",
+                ports=[port()],
                 loadBalancerSourceRanges=["203.0.113.0/25"],
                 ingress=["1.2.3.4"],
             ),
@@ -1260,21 +1094,7 @@ GONE = {"ready": False, "serving": False, "terminating": True}
 
 
 def terminating_objects(policy: str, endpoints: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [
-        node_obj(),
-        service(
-            "ns1",
-            "svc1",
-            "172.30.1.1",
-            [port(name="")],
-            type="LoadBalancer",
-            externalTrafficPolicy=policy,
-            sessionAffinity="ClientIP",
-            sessionAffinityConfig={"clientIP": {"timeoutSeconds": 10800}},
-            ingress=["1.2.3.4"],
-        ),
-        endpoint_slice("ns1", "svc1", endpoints, [port(name="")]),
-    ]
+    return render_kit.terminating_objects(node_obj(), policy, endpoints)
 
 
 @pytest.mark.parametrize(
@@ -1348,11 +1168,8 @@ def test_upstream_terminating_endpoints(
 def test_session_affinity_rules_and_timeout_change() -> None:
     objs = [
         node_obj(),
-        service(
-            "ns1",
-            "svc1",
-            "172.30.0.41",
-            [port()],
+        svc1(
+            ports=[port()],
             sessionAffinity="ClientIP",
             sessionAffinityConfig={"clientIP": {"timeoutSeconds": 60}},
         ),
@@ -1398,6 +1215,15 @@ def test_masquerade_all() -> None:
     )
 
 
+def local_nodeport_objects() -> list[dict[str, Any]]:
+    """A NodePort Service with Local policy and its one endpoint on this node."""
+    return [
+        node_obj(),
+        svc1("NodePort", externalTrafficPolicy="Local"),
+        endpoint_slice("ns1", "svc1", [ep("10.180.0.1", NODE)]),
+    ]
+
+
 @pytest.mark.parametrize(
     ("fields", "not_local", "local"),
     [
@@ -1418,19 +1244,7 @@ def test_masquerade_all() -> None:
     ],
 )
 def test_detect_local_modes(fields: dict[str, Any], not_local: str, local: str) -> None:
-    objs = [
-        node_obj(),
-        service(
-            "ns1",
-            "svc1",
-            "172.30.0.41",
-            [port(node_port=3001)],
-            type="NodePort",
-            externalTrafficPolicy="Local",
-        ),
-        endpoint_slice("ns1", "svc1", [ep("10.180.0.1", NODE)]),
-    ]
-    h = Harness(objs, {"mode": "nftables", **fields})
+    h = Harness(local_nodeport_objects(), {"mode": "nftables", **fields})
     h.sync()
     dump = h.dump()
     assert rules_of(dump, "service-ULMVA6XW-ns1/svc1/tcp/p80")[0] == (
@@ -1442,19 +1256,7 @@ def test_detect_local_modes(fields: dict[str, Any], not_local: str, local: str) 
 
 
 def test_no_local_detector_means_no_masquerade_and_no_pod_short_circuit() -> None:
-    objs = [
-        node_obj(),
-        service(
-            "ns1",
-            "svc1",
-            "172.30.0.41",
-            [port(node_port=3001)],
-            type="NodePort",
-            externalTrafficPolicy="Local",
-        ),
-        endpoint_slice("ns1", "svc1", [ep("10.180.0.1", NODE)]),
-    ]
-    h = Harness(objs, {"mode": "nftables"})
+    h = Harness(local_nodeport_objects(), {"mode": "nftables"})
     h.sync()
     dump = h.dump()
     assert rules_of(dump, "service-ULMVA6XW-ns1/svc1/tcp/p80")[0].startswith("numgen")
@@ -1531,18 +1333,15 @@ def test_nftables_mode_defaults_node_port_addresses_to_primary() -> None:
 # --- 5. partial syncs ----------------------------------------------------------------------------
 
 
+def web_service(i: int, ports: Sequence[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    """ns{i}/web, the i-th Service of many_services() (its cluster IP follows from i)."""
+    return service(f"ns{i}", "web", f"172.30.{i // 200}.{i % 200 + 1}", ports, **spec)
+
+
 def many_services(n: int = 40, endpoints: int = 3) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [node_obj()]
     for i in range(n):
-        out.append(
-            service(
-                f"ns{i}",
-                "web",
-                f"172.30.{i // 200}.{i % 200 + 1}",
-                [port(node_port=30000 + i)],
-                type="NodePort",
-            )
-        )
+        out.append(web_service(i, [port(node_port=30000 + i)], type="NodePort"))
         out.append(
             endpoint_slice(
                 f"ns{i}",
@@ -1615,21 +1414,9 @@ def test_partial_syncs_end_where_a_full_sync_from_scratch_ends() -> None:
                 spec["sessionAffinity"] = "ClientIP"
             if rnd.random() < 0.3:
                 spec["internalTrafficPolicy"] = "Local"
-            h.feed(
-                [service(f"ns{i}", "web", f"172.30.0.{i + 1}", [port(node_port=30000 + i)], **spec)]
-            )
+            h.feed([web_service(i, [port(node_port=30000 + i)], **spec)])
         elif kind == 3:
-            h.feed(
-                [
-                    service(
-                        f"ns{i}",
-                        "web",
-                        f"172.30.0.{i + 1}",
-                        [port(), port(81, "p81")],
-                        externalIPs=[f"192.168.99.{i}"],
-                    )
-                ]
-            )
+            h.feed([web_service(i, [port(), port(81, "p81")], externalIPs=[f"192.168.99.{i}"])])
         else:
             h.feed(objects[1 + 2 * i : 3 + 2 * i])
         r = h.sync()
@@ -2082,16 +1869,12 @@ def test_netlink_partial_syncs_give_nfts_table(netns: str, netns2: str) -> None:
         elif kind == 2:
             spec: dict[str, Any] = {"type": "NodePort", "externalTrafficPolicy": "Local"}
             spec["sessionAffinity"] = "ClientIP"
-            h.feed(
-                [service(f"ns{i}", "web", f"172.30.0.{i + 1}", [port(node_port=30000 + i)], **spec)]
-            )
+            h.feed([web_service(i, [port(node_port=30000 + i)], **spec)])
         elif kind == 3:
             h.feed(
                 [
-                    service(
-                        f"ns{i}",
-                        "web",
-                        f"172.30.0.{i + 1}",
+                    web_service(
+                        i,
                         [port(), port(81, "p81", "UDP")],
                         externalIPs=[f"192.168.99.{i}"],
                         internalTrafficPolicy="Local",
