@@ -19,13 +19,13 @@ from kubeplex.core.backend import Backend, BackendContext
 from kubeplex.core.cluster import ClusterState
 from kubeplex.core.config import KubeProxyConfiguration, default_config, load_config, with_overrides
 from kubeplex.core.errors import InvalidObject, KubeplexError
-from kubeplex.core.operations import Operations, start_operations
 from kubeplex.core.proxier import Proxier
 from kubeplex.core.runner import SyncRunner
 from kubeplex.core.sources.manifests import ManifestSource
 from kubeplex.core.version import __version__
 
 if TYPE_CHECKING:
+    from kubeplex.core.operations import Operations
     from kubeplex.core.sources.kubeapi import KubeApiSource
 
 log = logging.getLogger("kubeplex")
@@ -222,17 +222,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         backend.prepare()
         proxier = Proxier(cluster, backend)
-        # Health and metrics servers, conntrack cleanup and sysctls; a one-shot run serves none.
+        if args.once:
+            # Just the rules: no servers, sysctls or conntrack work (nor their imports).
+            return EXIT_OK if proxier.sync(full=True) else EXIT_SYNC_FAILED
+
+        # Health and metrics servers, conntrack cleanup and sysctls.
+        from kubeplex.core.operations import start_operations
+
         ops = start_operations(
             cfg,
             proxier,
             cluster,
             (lambda: api.node_deleting) if api is not None else (lambda: cluster.node.deleting),
             netns=args.netns,
-            serve=not args.once,
         )
-        if args.once:
-            return EXIT_OK if ops.sync(True) else EXIT_SYNC_FAILED
 
         sync_period, min_sync_period = cfg.sync_periods()
         runner = SyncRunner(ops.sync, cluster.changed, min_sync_period, sync_period)
