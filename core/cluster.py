@@ -55,6 +55,9 @@ class ClusterState:
         self._node_changed = False
         self._slices: dict[str, EndpointSliceObject] = {}
         self._invalid: dict[str, InvalidObject] = {}
+        #: Events received, as upstream's *_changes_total metrics count them.
+        self.service_events = 0
+        self.endpoint_events = 0
         self._on_invalid = on_invalid
         self._lock = threading.Lock()
         #: Set whenever something arrives that needs a sync; the runner waits on it.
@@ -78,11 +81,13 @@ class ClusterState:
             return
         self._invalid.pop(key, None)
         with self._lock:
+            self.service_events += 1
             self._notify(any([t.services.update(svc.key, svc) for t in self._all()]))
 
     def delete_service(self, namespace: str, name: str) -> None:
         self._invalid.pop(f"Service {namespace}/{name}", None)
         with self._lock:
+            self.service_events += 1
             self._notify(any([t.services.update(f"{namespace}/{name}", None) for t in self._all()]))
 
     def set_endpoint_slice(self, obj: Mapping[str, Any], origin: str = "") -> None:
@@ -100,6 +105,7 @@ class ClusterState:
                 for t in self._all():
                     t.endpoints.update(old, removed=True)
             self._slices[es.key] = es
+            self.endpoint_events += 1
             self._notify(any([t.endpoints.update(es) for t in self._all()]))
 
     def delete_endpoint_slice(self, namespace: str, name: str) -> None:
@@ -107,6 +113,7 @@ class ClusterState:
         with self._lock:
             old = self._slices.pop(f"{namespace}/{name}", None)
             if old is not None:
+                self.endpoint_events += 1
                 self._notify(any([t.endpoints.update(old, removed=True) for t in self._all()]))
 
     def set_node(self, obj: Mapping[str, Any], origin: str = "") -> None:

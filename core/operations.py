@@ -91,6 +91,7 @@ class Operations:
         self._unbound: list[tuple[str, str, int]] = []
         self._next_bind_retry = 0.0
         self._pending = (0, 0)
+        self._events = (0, 0)
         self._was_changed = False
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
@@ -149,9 +150,10 @@ class Operations:
             services, endpoints = self.cluster.pending()
             before_s, before_e = self._pending
             self.metrics.set_pending(services, endpoints)
-            # Counted from the growth of the pending sets between looks (exact per key, not
-            # per event): the tracker coalesces repeated events of one object anyway.
-            self.metrics.add_changes(max(0, services - before_s), max(0, endpoints - before_e))
+            # Every Service and EndpointSlice event, as upstream's trackers count them.
+            events = (self.cluster.service_events, self.cluster.endpoint_events)
+            self.metrics.add_changes(events[0] - self._events[0], events[1] - self._events[1])
+            self._events = events
             changed = self.cluster.changed.is_set()
             grew = services > before_s or endpoints > before_e
             if services or endpoints or changed:

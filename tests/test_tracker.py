@@ -815,3 +815,14 @@ def test_node_zone_drives_topology_in_the_graph() -> None:
     )
     graph = cluster.checkout().graphs[V4]
     assert addresses(graph.categorized(spn()).cluster) == ["10.244.1.2:8080"]
+
+
+def test_cluster_state_counts_every_event_like_upstream() -> None:
+    """*_changes_total count events, also those that change nothing (as upstream's trackers)."""
+    cluster = ClusterState(NODE)
+    cluster.set_service(service_obj())
+    cluster.set_service(service_obj())  # the same again: an event all the same
+    cluster.set_endpoint_slice(slice_obj())
+    cluster.delete_endpoint_slice("ns", "unknown")  # never seen: not an event of a slice
+    cluster.delete_service("ns", "svc")
+    assert (cluster.service_events, cluster.endpoint_events) == (3, 1)
