@@ -139,3 +139,7 @@ class PerFamily(Generic[R]):
 
     def __iter__(self) -> Iterator[R]:
         return iter(list(self._renderers.values()))
+
+    def clear(self) -> None:
+        """Forget every renderer (after a cleanup: nothing of ours is left to build on)."""
+        self._renderers.clear()

@@ -21,7 +21,7 @@ from kubeplex.backends.nftables import names
 from kubeplex.backends.nftables.kernel import NftKernel, TableObjects
 from kubeplex.backends.nftables.render import FamilyPlan, FamilyRenderer, NftablesRendered
 from kubeplex.backends.nftables.rules import FamilySettings, go_hex_mark
-from kubeplex.core.backend import Backend, BackendContext, Rendered, SyncResult
+from kubeplex.core.backend import Backend, BackendContext, PerFamily, Rendered, SyncResult
 from kubeplex.core.errors import BackendError
 from kubeplex.core.graph import ProxyState
 from kubeplex.core.localdetect import local_detector
@@ -97,7 +97,7 @@ class NftablesBackend(Backend):
 
     def __init__(self, ctx: BackendContext) -> None:
         super().__init__(ctx)
-        self._renderers: dict[IPFamily, FamilyRenderer] = {}
+        self._renderers = PerFamily(FamilyRenderer)
         self._kernel = NftKernel(ctx.netns)
         #: The cluster's ServiceCIDRs (upstream reads the ServiceCIDR objects): traffic to an
         #: address in them that no Service has is dropped. Empty: no such rule.
@@ -118,16 +118,6 @@ class NftablesBackend(Backend):
             service_cidrs=tuple(c for c in self.service_cidrs if family_of(c) is family),
         )
 
-    def _renderer(self, family: IPFamily, node: NodeInfo) -> FamilyRenderer:
-        settings = self.settings(family, node)
-        r = self._renderers.get(family)
-        if r is None:
-            r = self._renderers[family] = FamilyRenderer(settings)
-        elif r.settings != settings:
-            r.settings = settings
-            r.force_full = True  # every rule may depend on the settings
-        return r
-
     def render(self, state: ProxyState) -> NftablesRendered:
         plans = []
         # A full render allocates a few objects per endpoint and frees the previous render's;
@@ -137,7 +127,8 @@ class NftablesBackend(Backend):
             for family in self.ctx.families:
                 graph = state.graphs.get(family)
                 if graph is not None:
-                    renderer = self._renderer(family, state.node)
+                    settings = self.settings(family, state.node)
+                    renderer = self._renderers.with_settings(family, settings)
                     plans.append(renderer.render(graph, state.changes[family]))
         return NftablesRendered(plans)
 
@@ -176,7 +167,7 @@ class NftablesBackend(Backend):
         """Chains a kernel before 6.2 refused to delete in their sync: delete them now."""
         lines = [
             f"delete chain {r.settings.table} {chain}\n"
-            for r in self._renderers.values()
+            for r in self._renderers
             for chain in sorted(r.pending_chain_deletes)
         ]
         if not lines:
@@ -186,7 +177,7 @@ class NftablesBackend(Backend):
         except BackendError as err:
             log.warning("stale nftables chains not deleted yet, will retry: %s", err)
             return
-        for r in self._renderers.values():
+        for r in self._renderers:
             r.pending_chain_deletes.clear()
 
     def apply(self, rendered: Rendered) -> SyncResult:
@@ -240,7 +231,7 @@ class NftablesBackend(Backend):
         return SyncResult(full=rendered.full, counts=counts)
 
     def invalidate(self) -> None:
-        for r in self._renderers.values():
+        for r in self._renderers:
             r.invalidate()
 
     def cleanup(self) -> None:

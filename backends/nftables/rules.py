@@ -21,6 +21,7 @@ from kubeplex.backends.nftables import names
 from kubeplex.core.errors import BackendError
 from kubeplex.core.localdetect import LocalDetector
 from kubeplex.core.model import Endpoint, IPFamily, ServicePort
+from kubeplex.core.policy import traffic_plan
 from kubeplex.core.topology import CategorizedEndpoints
 
 #: (container, key, value, comment): one set or map element. Sets have no value; only the
@@ -254,22 +255,17 @@ def service_objects(
                     text = names.endpoint_text(ptext, check_ip(ep.ip), ep.port)
                     ep_chain[id(ep)] = names.ENDPOINT_PREFIX + names.cached_base(text)
 
-    has_endpoints = cat.has_any
-    uses_cluster_chain = bool(cat.cluster) and svc.uses_cluster_endpoints
-    uses_local_chain = bool(cat.local) and svc.uses_local_endpoints
-
-    internal_chain = cluster_chain
-    has_internal = has_endpoints
-    if svc.internal_policy_local:
-        internal_chain = local_chain
-        has_internal = has_internal and bool(cat.local)
-    external_policy_chain = cluster_chain
-    has_external = has_endpoints
-    if svc.external_policy_local:
-        external_policy_chain = local_chain
-        has_external = has_external and bool(cat.local)
-    # Based on has_endpoints: the short-circuit rules are needed even without external endpoints.
-    uses_external_chain = has_endpoints and svc.externally_accessible
+    plan = traffic_plan(svc, cat)
+    has_endpoints, has_internal, has_external = (
+        plan.has_endpoints,
+        plan.has_internal,
+        plan.has_external,
+    )
+    uses_cluster_chain = plan.uses_cluster_endpoints
+    uses_local_chain = plan.uses_local_endpoints
+    uses_external_chain = plan.uses_external_chain
+    internal_chain = local_chain if svc.internal_policy_local else cluster_chain
+    external_policy_chain = local_chain if svc.external_policy_local else cluster_chain
     uses_fw_chain = bool(svc.load_balancer_vips) and bool(svc.load_balancer_source_ranges)
 
     internal_verdict = external_verdict = ""
