@@ -23,9 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
-from typing import Any
+
+from common import NODE, Netns, cluster, config, kubeplex_cmd, timed
 
 from kubeplex.backends.iptables import IptablesBackend
 from kubeplex.core.backend import BackendContext
@@ -34,88 +34,7 @@ from kubeplex.core.config import parse_config
 from kubeplex.core.proxier import Proxier, collector_paused
 from kubeplex.core.sources.manifests import ManifestSource
 
-NODE = "bench-node"
-CONFIG = f"""apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-mode: iptables
-clusterCIDR: 10.128.0.0/9
-hostnameOverride: {NODE}
-"""
-
-
-def endpoint_ip(k: int) -> str:
-    base = (10 << 24) | (128 << 16)
-    v = base + k + 2
-    return ".".join(str((v >> s) & 255) for s in (24, 16, 8, 0))
-
-
-def cluster(n: int, endpoints: int = 10, version: int = 0) -> list[dict[str, Any]]:
-    objs: list[dict[str, Any]] = []
-    for i in range(n):
-        name = f"svc-{i}"
-        ip = f"10.96.{i // 250}.{i % 250 + 1}"
-        objs.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": {"name": name, "namespace": "bench"},
-                "spec": {"clusterIP": ip, "ports": [{"port": 80, "protocol": "TCP"}]},
-            }
-        )
-        eps = []
-        for j in range(endpoints):
-            k = i * endpoints + j
-            eps.append(
-                {
-                    "addresses": [endpoint_ip(k + (version if k == 0 else 0) * 7_919_000)],
-                    "conditions": {"ready": True},
-                    "nodeName": NODE if j % 2 == 0 else "other",
-                }
-            )
-        objs.append(
-            {
-                "apiVersion": "discovery.k8s.io/v1",
-                "kind": "EndpointSlice",
-                "metadata": {
-                    "name": f"{name}-abcde",
-                    "namespace": "bench",
-                    "labels": {"kubernetes.io/service-name": name},
-                },
-                "addressType": "IPv4",
-                "ports": [{"name": "", "port": 8080, "protocol": "TCP"}],
-                "endpoints": eps,
-            }
-        )
-    return objs
-
-
-class Netns:
-    def __init__(self) -> None:
-        self.name = f"kpxbench{uuid.uuid4().hex[:8]}"
-
-    def __enter__(self) -> str:
-        subprocess.run(["ip", "netns", "add", self.name], check=True)
-        return self.name
-
-    def __exit__(self, *exc: object) -> None:
-        subprocess.run(["ip", "netns", "del", self.name], check=False)
-
-
-def timed(argv: list[str], input: str | None = None) -> float:
-    start = time.perf_counter()
-    subprocess.run(argv, input=input, text=True, check=True, capture_output=True)
-    return time.perf_counter() - start
-
-
-def kubeplex_cmd() -> list[str]:
-    """The CLI, reporting its own peak RSS (KiB, without the iptables-restore children)."""
-    return [
-        sys.executable,
-        "-c",
-        "import resource, sys; from kubeplex.core.cli import main; rc = main(sys.argv[1:]);"
-        " print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr);"
-        " sys.exit(rc)",
-    ]
+CONFIG = config("iptables")
 
 
 def bench_size(n: int, repeat: int, work: Path, floor_max: int) -> dict[str, float]:
