@@ -99,8 +99,8 @@ class Backend(ABC):
         """Remove every artifact this backend ever programmed (``kubeplex cleanup``)."""
 
     def describe(self) -> Sequence[str]:
-        """Lines for ``kubeplex backends``."""
-        return [f"capabilities: {', '.join(sorted(self.capabilities)) or '-'}"]
+        """Extra lines for ``kubeplex backends`` (which lists the capabilities already)."""
+        return []
 
 
 class FamilyRenderer(Protocol):

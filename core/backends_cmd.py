@@ -62,6 +62,7 @@ def as_json(trust: plugins.TrustList, found: list[plugins.BackendStatus]) -> dic
                 "capabilities": None if s.capabilities is None else sorted(s.capabilities),
                 "description": s.description,
                 "ignored": list(s.ignored),
+                "about": list(s.about),
             }
             for s in found
         ],
@@ -79,13 +80,14 @@ def table(trust: plugins.TrustList, found: list[plugins.BackendStatus]) -> str:
     for row in rows:
         cells = (c.ljust(w) for c, w in zip(row[:3], widths, strict=True))
         lines.append("  ".join(cells) + "  " + row[3])
-    notes = [s for s in found if s.detail or s.ignored]
+    notes = [s for s in found if s.detail or s.ignored or s.about]
     if notes:
         lines.append("")
     for s in notes:
         if s.detail:
             lines.append(f"{s.mode}: {s.status}: {s.detail}".rstrip())
         lines += [f"{s.mode}: ignored (never imported): {i}" for i in s.ignored]
+        lines += [f"{s.mode}: {line}" for line in s.about]
     if not found:
         lines.append("(no backend installed or listed)")
     return "\n".join(lines) + "\n"

@@ -19,7 +19,7 @@ from kubeplex.core.backend import Backend, BackendContext
 from kubeplex.core.cluster import ClusterState
 from kubeplex.core.config import KubeProxyConfiguration, default_config, load_config, with_overrides
 from kubeplex.core.errors import InvalidObject, KubeplexError
-from kubeplex.core.proxier import Proxier
+from kubeplex.core.proxier import Proxier, collector_paused
 from kubeplex.core.runner import SyncRunner
 from kubeplex.core.sources.manifests import ManifestSource
 from kubeplex.core.version import __version__
@@ -136,7 +136,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     backend = make_backend(cfg, None)
     cluster, source = _state_from_manifests(cfg, args.manifests)
     state = cluster.checkout(full=True)
-    sys.stdout.write(str(backend.render(state)))
+    with collector_paused():  # as the daemon renders
+        sys.stdout.write(str(backend.render(state)))
     return EXIT_CONFIG if source.problems or cluster.invalid else EXIT_OK
 
 

@@ -542,6 +542,8 @@ class BackendStatus:
     description: str = ""
     #: Other installed claimants of the mode, never imported.
     ignored: tuple[str, ...] = ()
+    #: What the constructed backend says of itself (``Backend.describe``).
+    about: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -606,7 +608,8 @@ def _status(
         declared = ", ".join(sorted(base["capabilities"])) or "none"
         own = ", ".join(sorted(backend.capabilities)) or "none"
         notes.append(f"capabilities differ: trust list says {declared}, the backend says {own}")
-    return BackendStatus(mode, status, "; ".join(notes), ignored=ignored, **base)
+    about = tuple(backend.describe()) if backend is not None else ()
+    return BackendStatus(mode, status, "; ".join(notes), ignored=ignored, about=about, **base)
 
 
 def capability_names(caps: Iterable[str] | None) -> str:

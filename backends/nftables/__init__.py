@@ -11,11 +11,9 @@ unused ports of a ClusterIP are rejected, and no nfacct/route_localnet setup is 
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import ipaddress
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from kubeplex.backends.nftables import names
 from kubeplex.backends.nftables.kernel import NftKernel, TableObjects
@@ -70,18 +68,6 @@ def node_port_ips(
     )
 
 
-@contextlib.contextmanager
-def _gc_paused(pause: bool) -> Iterator[None]:
-    if not pause or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 class NftablesBackend(Backend):
     mode = "nftables"
     capabilities = frozenset(
@@ -120,16 +106,12 @@ class NftablesBackend(Backend):
 
     def render(self, state: ProxyState) -> NftablesRendered:
         plans = []
-        # A full render allocates a few objects per endpoint and frees the previous render's;
-        # the cyclic collector would walk all of them again and again meanwhile (none of
-        # them is cyclic garbage), which costs more than the render itself on large clusters.
-        with _gc_paused(state.is_full()):
-            for family in self.ctx.families:
-                graph = state.graphs.get(family)
-                if graph is not None:
-                    settings = self.settings(family, state.node)
-                    renderer = self._renderers.with_settings(family, settings)
-                    plans.append(renderer.render(graph, state.changes[family]))
+        for family in self.ctx.families:
+            graph = state.graphs.get(family)
+            if graph is not None:
+                settings = self.settings(family, state.node)
+                renderer = self._renderers.with_settings(family, settings)
+                plans.append(renderer.render(graph, state.changes[family]))
         return NftablesRendered(plans)
 
     # --- apply ------------------------------------------------------------------------------
