@@ -7,6 +7,7 @@ Service neither blocks the others nor removes rules that were working.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -18,9 +19,11 @@ from kubeplex.core.graph import ChangeSet, ProxyState, ServiceGraph
 from kubeplex.core.model import IPFamily, NodeInfo
 from kubeplex.core.objects import (
     EndpointSliceObject,
+    ServiceCIDRObject,
     parse_endpoint_slice,
     parse_node,
     parse_service,
+    parse_service_cidr,
 )
 from kubeplex.core.tracker import EndpointsChangeTracker, ServiceChangeTracker
 
@@ -37,7 +40,8 @@ class _FamilyTrackers:
 
 
 class ClusterState:
-    """Trackers for every IP family served, the own Node, and the rejected objects."""
+    """Trackers for every IP family served, the own Node, the ServiceCIDRs, and the rejected
+    objects."""
 
     def __init__(
         self,
@@ -54,6 +58,9 @@ class ClusterState:
         self._node = NodeInfo(name=node_name)
         self._node_changed = False
         self._slices: dict[str, EndpointSliceObject] = {}
+        self._service_cidr_objects: dict[str, ServiceCIDRObject] = {}
+        self._service_cidrs: tuple[str, ...] = ()
+        self._service_cidrs_changed = False
         self._invalid: dict[str, InvalidObject] = {}
         #: Events received, as upstream's *_changes_total metrics count them.
         self.service_events = 0
@@ -136,6 +143,36 @@ class ClusterState:
                 self._node_changed = self._node_changed or relevant
                 self._notify(relevant)
 
+    def set_service_cidr(self, obj: Mapping[str, Any], origin: str = "") -> None:
+        """A networking.k8s.io/v1 ServiceCIDR (cluster-scoped, keyed by name)."""
+        meta = obj.get("metadata")
+        key = "ServiceCIDR " + str(meta.get("name") if isinstance(meta, Mapping) else None)
+        try:
+            cidr = parse_service_cidr(obj)
+        except InvalidObject as err:
+            self._reject(key, _located(err, origin), obj)
+            return
+        self._invalid.pop(key, None)
+        with self._lock:
+            self._service_cidr_objects[cidr.name] = cidr
+            self._update_service_cidrs()
+
+    def delete_service_cidr(self, name: str) -> None:
+        self._invalid.pop(f"ServiceCIDR {name}", None)
+        with self._lock:
+            if self._service_cidr_objects.pop(name, None) is not None:
+                self._update_service_cidrs()
+
+    def _update_service_cidrs(self) -> None:
+        """Recompute the union of all ServiceCIDRs (lock held); a change in it feeds every
+        family's base rules, so the next sync is a full one."""
+        union = {c for obj in self._service_cidr_objects.values() for c in obj.cidrs}
+        cidrs = tuple(sorted(union, key=_cidr_order))
+        if cidrs != self._service_cidrs:
+            self._service_cidrs = cidrs
+            self._service_cidrs_changed = True
+            self._notify(True)
+
     def _notify(self, needed: bool) -> None:
         if needed:
             self.changed.set()
@@ -148,6 +185,11 @@ class ClusterState:
     @property
     def node(self) -> NodeInfo:
         return self._node
+
+    @property
+    def service_cidrs(self) -> tuple[str, ...]:
+        """The CIDRs of all ServiceCIDR objects, as the next checkout carries them."""
+        return self._service_cidrs
 
     @property
     def invalid(self) -> Mapping[str, InvalidObject]:
@@ -174,8 +216,8 @@ class ClusterState:
         """Consume pending changes: the graphs after them, and exactly what changed."""
         with self._lock:
             self.changed.clear()
-            full = full or self._node_changed
-            self._node_changed = False
+            full = full or self._node_changed or self._service_cidrs_changed
+            self._node_changed = self._service_cidrs_changed = False
             graphs: dict[IPFamily, ServiceGraph] = {}
             changes: dict[IPFamily, ChangeSet] = {}
             for family, t in self._trackers.items():
@@ -192,7 +234,7 @@ class ClusterState:
                     newly_active_services=eps.newly_active,
                     trigger_times=eps.trigger_times,
                 )
-            return ProxyState(self._node, graphs, changes)
+            return ProxyState(self._node, graphs, changes, self._service_cidrs)
 
 
 def _key_of(obj: Mapping[str, Any]) -> str:
@@ -209,3 +251,9 @@ def _key_of(obj: Mapping[str, Any]) -> str:
 def _located(err: InvalidObject, origin: str) -> InvalidObject:
     """Prefix the file (or other origin) an object came from, so a user can find it."""
     return InvalidObject(f"{origin}: {err.where}", err.errors) if origin else err
+
+
+def _cidr_order(cidr: str) -> tuple[int, int, int]:
+    """Sort key: IPv4 before IPv6, then by network address and prefix length."""
+    net = ipaddress.ip_network(cidr)
+    return (net.version, int(net.network_address), net.prefixlen)

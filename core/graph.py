@@ -106,6 +106,9 @@ class ProxyState:
     node: NodeInfo
     graphs: Mapping[IPFamily, ServiceGraph]
     changes: Mapping[IPFamily, ChangeSet]
+    #: The CIDRs of every ServiceCIDR object (both families, de-duplicated, sorted): the
+    #: ranges ClusterIPs come from. A change makes the sync a full one.
+    service_cidrs: tuple[str, ...] = ()
 
     def is_full(self) -> bool:
         return any(c.full for c in self.changes.values())

@@ -1,4 +1,5 @@
-"""Service, EndpointSlice and Node objects, parsed from their API (dict) form and validated.
+"""Service, EndpointSlice, Node and ServiceCIDR objects, parsed from their API (dict) form and
+validated.
 
 The API server validates objects before kube-proxy sees them; a folder of manifests has no such
 guard, and a hostile or broken object must never reach a rule. So every field a dataplane
@@ -244,8 +245,8 @@ def _describe(kind: str, obj: Mapping[str, Any]) -> str:
     if isinstance(meta, Mapping):
         ns = meta.get("namespace", "default")
         name = meta.get("name", "<no name>")
-        if kind == "Node":
-            return f"Node {_safe(name)}"
+        if kind in ("Node", "ServiceCIDR"):  # cluster-scoped
+            return f"{kind} {_safe(name)}"
         return f"{kind} {_safe(ns)}/{_safe(name)}"
     return f"{kind} <no metadata>"
 
@@ -397,6 +398,9 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSliceObject:
         ports.append(SlicePort(pname, f.protocol(p.get("protocol"), f"{path}.protocol"), port))
     endpoints: list[SliceEndpoint] = []
     for i, raw in enumerate(f.seq(obj.get("endpoints"), "endpoints")):
+        if address_type != "FQDN" and (quick := _plain_endpoint(raw, address_type)) is not None:
+            endpoints.append(quick)
+            continue
         path = f"endpoints[{i}]"
         ep = f.mapping(raw, path)
         addresses = f.seq(ep.get("addresses"), f"{path}.addresses")
@@ -436,6 +440,82 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSliceObject:
         endpoints=tuple(endpoints),
         trigger_time=trigger if isinstance(trigger, str) else "",
     )
+
+
+def _plain_endpoint(raw: Any, address_type: str) -> SliceEndpoint | None:
+    """The common, valid endpoint, checked without building field paths: the same checks as
+    the general path in parse_endpoint_slice, which takes over (and names the field) for
+    anything else. Worth it: a large cluster has a hundred thousand endpoints."""
+    if type(raw) is not dict:
+        return None
+    addresses = raw.get("addresses")
+    if type(addresses) is not list or not addresses or type(addresses[0]) is not str:
+        return None
+    try:
+        ip = normalize_ip(addresses[0])
+    except ValueError:
+        return None
+    if (":" in ip) != (address_type == "IPv6"):
+        return None
+    cond = raw.get("conditions")
+    if cond is None:
+        cond = {}
+    elif type(cond) is not dict:
+        return None
+    ready, serving, terminating = cond.get("ready"), cond.get("serving"), cond.get("terminating")
+    node_name, zone = raw.get("nodeName"), raw.get("zone")
+    if (
+        (ready is not None and type(ready) is not bool)
+        or (serving is not None and type(serving) is not bool)
+        or (terminating is not None and type(terminating) is not bool)
+        or (node_name is not None and type(node_name) is not str)
+        or (zone is not None and type(zone) is not str)
+        or (node_name and not _DNS1123_SUBDOMAIN.match(node_name))
+    ):
+        return None
+    zone_hints: frozenset[str] | None = _NO_HINTS
+    node_hints: frozenset[str] | None = _NO_HINTS
+    hints = raw.get("hints")
+    if hints is not None:
+        if type(hints) is not dict:
+            return None
+        zone_hints = _plain_hints(hints.get("forZones"))
+        node_hints = _plain_hints(hints.get("forNodes"))
+    if zone_hints is None or node_hints is None:
+        return None
+    return SliceEndpoint(
+        ip,
+        True if ready is None else ready,
+        True if serving is None else serving,
+        bool(terminating),
+        node_name or "",
+        zone or "",
+        zone_hints,
+        node_hints,
+    )
+
+
+_NO_HINTS: frozenset[str] = frozenset()
+
+
+def _plain_hints(raw: Any) -> frozenset[str] | None:
+    """_hint_names for a valid list (None: let the general path report the problem)."""
+    if raw is None:
+        return _NO_HINTS
+    if type(raw) is not list:
+        return None
+    names: set[str] = set()
+    for item in raw:
+        if type(item) is not dict:
+            return None
+        value = item.get("name")
+        if value is None:
+            continue
+        if type(value) is not str or not _LABEL_VALUE.match(value):
+            return None
+        if value:
+            names.add(value)
+    return frozenset(names)
 
 
 def _hint_names(f: _Fields, raw: Any, path: str) -> frozenset[str]:
@@ -482,3 +562,37 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
         addresses=tuple(addresses),
         deleting=meta.get("deletionTimestamp") is not None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceCIDRObject:
+    """A validated networking.k8s.io/v1 ServiceCIDR: a range ClusterIPs are allocated from."""
+
+    name: str
+    cidrs: tuple[str, ...]
+
+
+def parse_service_cidr(obj: Mapping[str, Any]) -> ServiceCIDRObject:
+    """Validate a networking.k8s.io/v1 ServiceCIDR as the API server does: the name a DNS
+    subdomain, ``spec.cidrs`` one or two CIDRs, at most one per IP family."""
+    f = _Fields()
+    meta = f.mapping(obj.get("metadata"), "metadata")
+    name = f.dns_subdomain(meta.get("name"), "metadata.name")
+    spec = f.mapping(obj.get("spec"), "spec")
+    raw_cidrs = spec.get("cidrs")
+    items = f.seq(raw_cidrs, "spec.cidrs")
+    cidrs: list[str] = []
+    if not items and (raw_cidrs is None or isinstance(raw_cidrs, list)):
+        f.fail("spec.cidrs", "required: at least one CIDR")
+    elif len(items) > 2:
+        f.fail("spec.cidrs", f"may hold at most 2 CIDRs (one per IP family), got {len(items)}")
+    else:
+        cidrs = [c for i, raw in enumerate(items) if (c := f.cidr(raw, f"spec.cidrs[{i}]"))]
+        if len(cidrs) == 2 and family_of(cidrs[0]) is family_of(cidrs[1]):
+            f.fail(
+                "spec.cidrs",
+                f"may hold at most one CIDR per IP family, got two {family_of(cidrs[0])} CIDRs",
+            )
+    if f.errors:
+        raise InvalidObject(_describe("ServiceCIDR", obj), f.errors)
+    return ServiceCIDRObject(name=name, cidrs=tuple(cidrs))

@@ -44,7 +44,8 @@ class Proxier:
 
     def sync(self, full: bool = False) -> bool:
         """One sync. Returns False if it failed; the previous rules then stay in place."""
-        state = self.cluster.checkout(full=full or self._need_full)
+        with collector_paused():  # building the graphs allocates as much as a render
+            state = self.cluster.checkout(full=full or self._need_full)
         if state.empty:
             return True
         started = time.monotonic()

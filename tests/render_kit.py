@@ -114,6 +114,16 @@ def endpoint_slice(
     }
 
 
+def service_cidr(cidrs: Sequence[str], name: str = "kubernetes") -> dict[str, Any]:
+    """A networking.k8s.io/v1 ServiceCIDR ("kubernetes" is the one the API server makes)."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "ServiceCIDR",
+        "metadata": {"name": name},
+        "spec": {"cidrs": list(cidrs)},
+    }
+
+
 def node_obj(
     addresses: Sequence[str] = (NODE_IP,), pod_cidrs: Sequence[str] = (), name: str = NODE
 ) -> dict[str, Any]:
@@ -163,6 +173,8 @@ class RenderHarness(Generic[BackendT, RenderedT]):
                 self.cluster.set_endpoint_slice(obj)
             elif kind == "Node":
                 self.cluster.set_node(obj)
+            elif kind == "ServiceCIDR":
+                self.cluster.set_service_cidr(obj)
             else:
                 raise AssertionError(f"unexpected kind {kind}")
 

@@ -387,6 +387,8 @@ def test_rbac_grants_exactly_what_kubeplex_uses(chart: helm.Chart) -> None:
         ("", "nodes", "get"),
         ("", "nodes", "list"),
         ("", "nodes", "watch"),
+        ("networking.k8s.io", "servicecidrs", "list"),
+        ("networking.k8s.io", "servicecidrs", "watch"),
         ("", "events", "create"),
         ("", "events", "patch"),
         ("events.k8s.io", "events", "create"),

@@ -3,6 +3,7 @@ against the fake API server, which only grants what kube-proxy's RBAC grants."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from typing import Any
 import kubernetes.client as k8s
 import pytest
 import yaml
-from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer, RequestRecord
+from apiserver import DEFAULT_RESOURCES, KUBE_PROXY_PERMISSIONS, FakeApiServer, RequestRecord
 
 from kubeplex.core import cli
 from kubeplex.core.cluster import ClusterState
@@ -28,6 +29,7 @@ from kubeplex.core.sources.kubeapi import (
     NODES,
     PROXY_LABEL_SELECTOR,
     REASON_FAILED_TO_PROGRAM,
+    SERVICECIDRS,
     SERVICES,
     GatedClusterState,
     KubeApiSource,
@@ -240,7 +242,7 @@ def test_watch_add_update_delete_reach_the_cluster(
     cluster = source.cluster
     assert ports(cluster.checkout(full=True)) == {"default/s0": 80, "default/s1": 80}
     assert cluster.slice_keys() == {"default/s0-abc", "default/s1-abc"}
-    srv.wait_for_watches(3)
+    srv.wait_for_watches(4)
 
     srv.create("Service", svc("s2", port=81))
     srv.create("EndpointSlice", eps("s2-abc", "s2", "10.244.1.20"))
@@ -268,7 +270,7 @@ def test_relist_after_410_keeps_every_rule(
     cluster = SpyCluster()
     source = synced(make_source, cluster=cluster)
     cluster.checkout(full=True)
-    srv.wait_for_watches(3)
+    srv.wait_for_watches(4)
     old_rv = source.resource_versions[SERVICES]
     # Changes the source cannot see (filtered out), then compaction: resuming at old_rv is 410.
     srv.create("Service", svc("hidden", labels={"service.kubernetes.io/headless": ""}))
@@ -300,7 +302,7 @@ def test_deletes_while_disconnected_disappear_after_relist(
     cluster = SpyCluster()
     source = synced(make_source, cluster=cluster)
     assert len(programmed(cluster)) == 3
-    srv.wait_for_watches(3)
+    srv.wait_for_watches(4)
     srv.pause()
     srv.drop_watches("reset")
     srv.delete("Service", "s1")
@@ -379,7 +381,7 @@ def test_node_labels_reach_the_cluster_and_deletion_is_exposed(
     assert cluster.node.zone == "zone-a" and cluster.node.pod_cidrs == ("10.244.1.0/24",)
     assert not cluster.checkout(full=True).empty
     assert not source.node_deleting
-    srv.wait_for_watches(3)
+    srv.wait_for_watches(4)
     srv.patch("Node", NODE, {"metadata": {"labels": {"topology.kubernetes.io/zone": "zone-c"}}})
     srv.patch("Node", "kind-worker2", {"metadata": {"labels": {"x": "y"}}})
     wait_until(lambda: cluster.node.zone == "zone-c", what="zone change")
@@ -418,7 +420,7 @@ def test_invalid_service_becomes_an_event(
     assert ev["metadata"]["namespace"] == NS and ev["count"] == 1
 
     # fixed, then broken the same way again: the same Event, its count patched
-    srv.wait_for_watches(3)
+    srv.wait_for_watches(4)
     srv.patch(
         "Service", "bad", {"spec": {"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}}
     )
@@ -443,7 +445,8 @@ def test_unreachable_api_keeps_retrying_then_syncs(
     srv.start()  # same port
     assert source.wait_for_initial_sync(5)
     assert programmed(source.cluster) == {"default/s0"}
-    assert source.last_error == ""
+    # ServiceCIDRs do not gate the sync: their list may recover a moment later.
+    wait_until(lambda: source.last_error == "", what="every list recovered")
 
 
 def test_token_bucket_limits_requests() -> None:
@@ -469,6 +472,125 @@ def test_kubeconfig_loads_into_a_dedicated_configuration(
     source = make_source()
     assert source.host == srv.url
     assert k8s.Configuration.get_default_copy().host == before
+
+
+# ------------------------------------------------------------------------------------ ServiceCIDRs
+
+#: A server from before Kubernetes 1.33: no networking.k8s.io/v1 servicecidrs (404).
+WITHOUT_SERVICECIDRS = tuple(rt for rt in DEFAULT_RESOURCES if rt.plural != "servicecidrs")
+KUBEAPI_LOGGER = "kubeplex.core.sources.kubeapi"
+
+
+def service_cidr(name: str, *cidrs: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"cidrs": list(cidrs)}}
+
+
+def test_service_cidrs_are_listed_and_watched(
+    srv: FakeApiServer, make_source: Callable[..., KubeApiSource]
+) -> None:
+    populate(srv, 1)
+    srv.create("ServiceCIDR", service_cidr("kubernetes", "10.96.0.0/16", "fd00:10:96::/112"))
+    source = synced(make_source)
+    cluster = source.cluster
+    wait_until(lambda: source.list_count(SERVICECIDRS) == 1, what="servicecidrs listed")
+    state = cluster.checkout(full=True)
+    assert state.service_cidrs == ("10.96.0.0/16", "fd00:10:96::/112")
+    srv.wait_for_watches(1, "servicecidrs")
+    listed = srv.find_requests("list", "servicecidrs")[0]
+    assert listed.path == "/apis/networking.k8s.io/v1/servicecidrs"
+    assert "labelSelector" not in listed.query and "fieldSelector" not in listed.query
+
+    srv.create("ServiceCIDR", service_cidr("extra", "10.100.0.0/24"))
+    wait_until(lambda: cluster.changed.is_set(), what="a new ServiceCIDR")
+    state = cluster.checkout()
+    assert state.is_full()  # every family's base rules depend on the CIDRs
+    assert state.service_cidrs == ("10.96.0.0/16", "10.100.0.0/24", "fd00:10:96::/112")
+    srv.delete("ServiceCIDR", "kubernetes")
+    wait_until(lambda: cluster.service_cidrs == ("10.100.0.0/24",), what="deleted ServiceCIDR")
+    assert cluster.checkout().is_full()
+    assert source.list_count(SERVICECIDRS) == 1  # all through the watch
+
+
+def test_failing_service_cidr_lists_do_not_hold_up_the_initial_sync(
+    srv: FakeApiServer, make_source: Callable[..., KubeApiSource]
+) -> None:
+    populate(srv, 2)
+    srv.create("ServiceCIDR", service_cidr("kubernetes", "10.96.0.0/16"))
+    srv.fail_next(3, code=500, match=lambda r: r.resource == "servicecidrs")
+    source = synced(make_source)
+    assert source.pending == ()
+    assert programmed(source.cluster) == {"default/s0", "default/s1"}
+    # the ServiceCIDR list is retried with the usual backoff and arrives later
+    wait_until(lambda: source.cluster.service_cidrs == ("10.96.0.0/16",), what="late CIDRs")
+    assert source.cluster.checkout().is_full()
+    assert len(srv.find_requests("list", "servicecidrs")) == 4
+
+
+@pytest.mark.parametrize("srv", [{"resources": WITHOUT_SERVICECIDRS}], indirect=True)
+def test_server_without_servicecidrs_still_syncs(
+    srv: FakeApiServer,
+    make_source: Callable[..., KubeApiSource],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=KUBEAPI_LOGGER)
+    populate(srv, 2)
+    source = synced(make_source, missing_retry=0.05)
+    assert source.pending == ()
+    state = source.cluster.checkout(full=True)
+    assert set(ports(state)) == {"default/s0", "default/s1"}
+    assert state.service_cidrs == ()
+    # asked again now and then (a server upgrade is noticed), said once, never an error
+    wait_until(lambda: len(srv.find_requests("list", "servicecidrs")) >= 3, what="retries")
+    assert {r.status for r in srv.find_requests("list", "servicecidrs")} == {404}
+    assert srv.find_requests("watch", "servicecidrs") == []
+    said = [r for r in caplog.records if r.getMessage().startswith("servicecidrs:")]
+    assert len(said) == 1 and said[0].levelno == logging.INFO
+    assert "not served by this API server" in said[0].getMessage()
+    assert "no drop rule for unallocated ClusterIPs" in said[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert source.last_error == ""
+
+
+def test_a_role_without_servicecidrs_still_syncs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger=KUBEAPI_LOGGER)
+    older_role = {p for p in KUBE_PROXY_PERMISSIONS if p[1] != "servicecidrs"}
+    server = FakeApiServer(authorizer=older_role, bookmark_interval=0.2).start()
+    try:
+        populate(server, 1)
+        server.create("ServiceCIDR", service_cidr("kubernetes", "10.96.0.0/16"))
+        api = server.api_client()
+        source = KubeApiSource(api, NODE, backoff_initial=0.05, missing_retry=0.05).start()
+        try:
+            assert source.wait_for_initial_sync(5)
+            assert programmed(source.cluster) == {"default/s0"}
+            wait_until(lambda: len(server.find_requests("list", "servicecidrs")) >= 3)
+        finally:
+            source.stop()
+            api.close()
+        assert {r.status for r in server.find_requests("list", "servicecidrs")} == {403}
+        assert source.cluster.service_cidrs == ()
+        said = [r for r in caplog.records if r.getMessage().startswith("servicecidrs:")]
+        assert len(said) == 1 and said[0].levelno == logging.WARNING
+        assert "grant list and watch on it" in said[0].getMessage()
+    finally:
+        server.stop()
+
+
+def test_invalid_service_cidr_becomes_an_event_and_is_not_programmed(
+    srv: FakeApiServer, make_source: Callable[..., KubeApiSource]
+) -> None:
+    populate(srv, 1)
+    srv.create("ServiceCIDR", service_cidr("kubernetes", "10.96.0.0/16", "10.97.0.0/16"))
+    source = synced(make_source)
+    wait_until(lambda: len(srv.list_objects("Event")) == 1, what="event created")
+    ev = srv.list_objects("Event")[0]
+    assert ev["involvedObject"]["kind"] == "ServiceCIDR"
+    assert ev["involvedObject"]["name"] == "kubernetes"
+    assert "namespace" not in ev["involvedObject"]
+    assert "spec.cidrs: may hold at most one CIDR per IP family" in ev["message"]
+    assert source.cluster.checkout(full=True).service_cidrs == ()
 
 
 # ------------------------------------------------------------------------------------ CLI

@@ -326,3 +326,62 @@ def test_a_fixed_object_replaces_the_last_valid_version(
     source.poll()
     assert cluster.invalid == {}
     assert services(cluster) == {spn("web"): 8000}
+
+
+def service_cidr_yaml(name: str, *cidrs: str) -> str:
+    return dedent(f"""\
+        apiVersion: networking.k8s.io/v1
+        kind: ServiceCIDR
+        metadata: {{name: {name}}}
+        spec:
+          cidrs: [{", ".join(cidrs)}]
+        """)
+
+
+def test_service_cidrs_are_loaded_changed_and_deleted(
+    tmp_path: Path, cluster: ClusterState, sink: Sink
+) -> None:
+    file = write(tmp_path / "cidrs.yaml", service_cidr_yaml("kubernetes", "10.96.0.0/16"))
+    items = [
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "ServiceCIDR",
+            "metadata": {"name": "extra"},
+            "spec": {"cidrs": ["fd00:10:96::/112"]},
+        }
+    ]
+    write(tmp_path / "list.json", json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    write(tmp_path / "web.yaml", service_yaml("web", "10.96.0.10"))
+    source = ManifestSource(tmp_path, cluster)
+    assert source.load() and source.problems == []
+    state = cluster.checkout()
+    assert state.service_cidrs == ("10.96.0.0/16", "fd00:10:96::/112")
+    assert set(state.graphs[V4].services) == {spn("web")}
+
+    # Cluster-scoped: a namespace in the manifest does not make it another object.
+    write(
+        file,
+        service_cidr_yaml("kubernetes", "10.96.0.0/12").replace(
+            "{name: kubernetes}", "{name: kubernetes, namespace: prod}"
+        ),
+    )
+    assert source.poll()
+    state = cluster.checkout()
+    assert state.is_full()
+    assert state.service_cidrs == ("10.96.0.0/12", "fd00:10:96::/112")
+
+    write(file, service_cidr_yaml("kubernetes", "10.96.0.0/12", "10.97.0.0/16"))
+    source.poll()
+    assert sink.messages == [
+        f"{file}: ServiceCIDR kubernetes: spec.cidrs: may hold at most one CIDR per IP family,"
+        " got two IPv4 CIDRs"
+    ]
+    assert cluster.checkout().service_cidrs == ("10.96.0.0/12", "fd00:10:96::/112")
+
+    (tmp_path / "list.json").unlink()
+    file.unlink()
+    assert source.poll()
+    assert cluster.invalid == {}
+    state = cluster.checkout()
+    assert state.is_full() and state.service_cidrs == ()
+    assert set(state.graphs[V4].services) == {spn("web")}

@@ -40,6 +40,7 @@ from render_kit import (
     ep,
     port,
     service,
+    service_cidr,
     svc1,
 )
 
@@ -255,7 +256,7 @@ class FakeKernel:
         self.listings = 0
         self.refuse: str | None = None  # make run() fail with this message (once)
 
-    def run(self, text: str, bulk: bool = False) -> None:
+    def run(self, text: str) -> None:
         if self.refuse is not None:
             message, self.refuse = self.refuse, None
             raise BackendError(message)
@@ -263,6 +264,10 @@ class FakeKernel:
             self.nft.run(text)
         except NftRefused as err:
             raise BackendError(f"nft -f failed: {err}") from err
+
+    def run_stages(self, texts: Sequence[str]) -> None:
+        for text in texts:
+            self.run(text)
 
     def list_objects(self, families: Iterable[str]) -> dict[str, TableObjects]:
         self.listings += 1
@@ -314,7 +319,8 @@ class Harness(RenderHarness[NftablesBackend, NftablesRendered]):
         service_cidrs: tuple[str, ...] = UPSTREAM_SERVICE_CIDRS,
     ) -> None:
         super().__init__(NftablesBackend, objects, cfg, families, node, config)
-        self.backend.service_cidrs = service_cidrs
+        if service_cidrs:  # upstream's fake proxier's ServiceCIDRs, as a ServiceCIDR object
+            self.feed([service_cidr(service_cidrs)])
         self.kernel = FakeKernel()
         self.backend._kernel = self.kernel  # type: ignore[assignment]
 
@@ -425,6 +431,7 @@ def test_service_chain_test() -> None:
 def lab_harness() -> Harness:
     base = load_config(LAB / "config.yaml", plugins.known_modes())
     cfg = with_overrides(base, mode="nftables", known_modes=plugins.known_modes())
+    # No upstream ServiceCIDRs: the lab's own ServiceCIDR comes with its manifests.
     h = Harness(cfg=cfg, families=(V4, V6), node=cfg.hostname_override, service_cidrs=())
     source = ManifestSource(LAB / "manifests", h.cluster)
     source.load()
@@ -473,9 +480,11 @@ def test_seed_lab_applies_and_matches_the_seed() -> None:
     ]
     # Everything in its own tables.
     assert set(h.kernel.nft.tables) == {"ip kube-proxy", "ip6 kube-proxy"}
-    # cluster-ips-check rejects unused ports of a ClusterIP.
+    # cluster-ips-check rejects unused ports of a ClusterIP, and drops traffic to addresses of
+    # the lab's ServiceCIDR "kubernetes" that no Service has.
     assert rules_of(dump, "cluster-ips-check") == [
-        'ip daddr @cluster-ips reject comment "Reject traffic to invalid ports of ClusterIPs"'
+        'ip daddr @cluster-ips reject comment "Reject traffic to invalid ports of ClusterIPs"',
+        'ip daddr { 10.96.0.0/16 } drop comment "Drop traffic to unallocated ClusterIPs"',
     ]
     assert elements_of(dump, "cluster-ips") == ["{ 10.96.88.59 }", "{ 10.96.223.155 }"]
 
@@ -1540,6 +1549,84 @@ def test_settings_change_forces_full_sync() -> None:
     assert elements_of(h.dump(), "nodeport-ips") == []  # 192.168.0.2/32 matches no address now
 
 
+def family_rules(dump: str, family: IPFamily, chain: str) -> list[str]:
+    head = f"add rule {'ip6' if family is V6 else 'ip'} kube-proxy {chain} "
+    return [ln[len(head) :] for ln in dump.splitlines() if ln.startswith(head)]
+
+
+def reject_invalid_ports(family: IPFamily) -> str:
+    ip = "ip6" if family is V6 else "ip"
+    return f'{ip} daddr @cluster-ips reject comment "Reject traffic to invalid ports of ClusterIPs"'
+
+
+def drop_unallocated(family: IPFamily, *cidrs: str) -> str:
+    ip = "ip6" if family is V6 else "ip"
+    comment = 'comment "Drop traffic to unallocated ClusterIPs"'
+    return f"{ip} daddr {{ {' , '.join(cidrs)} }} drop {comment}"
+
+
+def test_service_cidrs_from_the_cluster_state_drop_unallocated_cluster_ips_per_family() -> None:
+    objects = [
+        *many_services(2),
+        service_cidr(["10.96.0.0/16", "fd00:10:96::/112"]),
+        service_cidr(["10.100.0.0/24"], name="extra"),
+    ]
+    h = Harness(objects, families=(V4, V6), service_cidrs=())
+    h.sync()
+    assert family_rules(h.dump(V4), V4, "cluster-ips-check") == [
+        reject_invalid_ports(V4),
+        drop_unallocated(V4, "10.96.0.0/16", "10.100.0.0/24"),
+    ]
+    assert family_rules(h.dump(V6), V6, "cluster-ips-check") == [
+        reject_invalid_ports(V6),
+        drop_unallocated(V6, "fd00:10:96::/112"),
+    ]
+    # A family without a ServiceCIDR of its own gets no drop rule.
+    v4_only = Harness([*many_services(1), service_cidr(["fd00:10:96::/112"])], service_cidrs=())
+    v4_only.sync()
+    assert family_rules(v4_only.dump(), V4, "cluster-ips-check") == [reject_invalid_ports(V4)]
+
+
+def test_a_service_cidr_change_on_a_partial_sync_backend_rewrites_cluster_ips_check() -> None:
+    h = Harness(many_services(3), families=(V4, V6), service_cidrs=())
+    h.sync()
+    assert not h.sync().full  # settled: partial syncs from here on
+    assert family_rules(h.dump(V4), V4, "cluster-ips-check") == [reject_invalid_ports(V4)]
+
+    h.feed([service_cidr(["10.96.0.0/16", "fd00:10:96::/112"])])
+    r = h.sync()
+    assert r.full and all(plan.full for plan in r.plans)
+    assert "flush chain ip kube-proxy cluster-ips-check" in _commands(r)
+    assert "flush chain ip6 kube-proxy cluster-ips-check" in _commands(r)
+    assert family_rules(h.dump(V4), V4, "cluster-ips-check") == [
+        reject_invalid_ports(V4),
+        drop_unallocated(V4, "10.96.0.0/16"),
+    ]
+    assert family_rules(h.dump(V6), V6, "cluster-ips-check") == [
+        reject_invalid_ports(V6),
+        drop_unallocated(V6, "fd00:10:96::/112"),
+    ]
+
+    # The same object again (a relist, a touched file): nothing to rewrite.
+    h.feed([service_cidr(["10.96.0.0/16", "fd00:10:96::/112"])])
+    r = h.sync()
+    assert not r.full and not [ln for ln in _commands(r) if "cluster-ips-check" in ln]
+
+    # Replaced by an IPv4-only range: the IPv6 rule goes, the IPv4 one follows the new range.
+    h.feed([service_cidr(["10.97.0.0/16"])])
+    assert h.sync().full
+    assert family_rules(h.dump(V4), V4, "cluster-ips-check") == [
+        reject_invalid_ports(V4),
+        drop_unallocated(V4, "10.97.0.0/16"),
+    ]
+    assert family_rules(h.dump(V6), V6, "cluster-ips-check") == [reject_invalid_ports(V6)]
+
+    h.cluster.delete_service_cidr("kubernetes")
+    assert h.sync().full
+    assert family_rules(h.dump(V4), V4, "cluster-ips-check") == [reject_invalid_ports(V4)]
+    assert not h.sync().full
+
+
 def test_cleanup_removes_both_tables() -> None:
     h = Harness(many_services(2), families=(V4, V6))
     h.sync()
@@ -1756,10 +1843,16 @@ def test_netlink_compiles_partial_transactions() -> None:
 @pytest.mark.parametrize(
     "line",
     [
-        'add table ip kube-proxy { comment "rules for kube-proxy" ; }',
-        "add chain ip kube-proxy nat-output { type nat hook output priority -100 ; }",
-        "flush map ip kube-proxy service-ips",
+        'add table ip kube-proxy { comment "rules for kube-proxy" ; flags dormant ; }',
+        "add chain ip kube-proxy nat-output { type nat hook output priority -100 ; policy drop ; }",
+        "add chain ip kube-proxy x { type route hook output priority 0 ; }",
+        'add map ip kube-proxy m { type ipv4_addr : ipv4_addr ; comment "x" ; }',
+        "delete map ip kube-proxy service-ips { 10.0.0.1 }",
         "add rule ip kube-proxy firewall-X ip saddr != { 10.0.0.0/8 , 192.168.0.0/16 } drop",
+        "add rule ip kube-proxy x ct state established accept",
+        "add rule ip kube-proxy x mark set 0x1",
+        "add rule ip kube-proxy x masquerade",
+        "add rule ip kube-proxy x meta l4proto tcp dnat to 10.0.0.1",
         "add rule ip kube-proxy x ip daddr 172.30.0.1 ip saddr != 0.0.0.0/0 jump y",
         "add rule ip kube-proxy x ip6 saddr 10.0.0.1 jump y",
         "add rule ip kube-proxy x numgen random mod 2 vmap { 0 : goto a }",
@@ -1839,7 +1932,6 @@ def kernel_table(ns: str, family: str = "ip") -> dict[str, list[str]]:
 def kernel_harness(objects: Iterable[Mapping[str, Any]], ns: str) -> Harness:
     h = Harness(objects, families=(V4, V6))
     h.backend = NftablesBackend(BackendContext(h.cfg, NODE, (V4, V6), netns=ns))
-    h.backend.service_cidrs = UPSTREAM_SERVICE_CIDRS
     return h
 
 
@@ -1854,7 +1946,7 @@ def test_netlink_partial_syncs_give_nfts_table(netns: str, netns2: str) -> None:
     kernel = h.backend._kernel
     assert isinstance(kernel, NftKernel)
     h.sync()
-    assert kernel.last_path == "nft"
+    assert kernel.last_path == "netlink"
     for step in range(24):
         i = rnd.randrange(12)
         kind = step % 6
@@ -1909,10 +2001,52 @@ def test_netlink_partial_syncs_give_nfts_table(netns: str, netns2: str) -> None:
         if step % 6 == 5 or step == 23:
             fresh = kernel_harness([], netns2)
             fresh.cluster = h.cluster
+            fresh.backend._kernel.use_netlink = False  # type: ignore[attr-defined]
             fresh.backend._kernel.run("flush ruleset\n")  # type: ignore[attr-defined]
             fresh.sync(full=True)
             for fam in ("ip", "ip6"):
                 assert kernel_table(netns2, fam) == kernel_table(netns, fam), (step, fam)
+
+
+def _element_runs_sorted(messages: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+    """nft reorders consecutive elements of one set among themselves: compare such runs as
+    sorted lists (a set's elements have no order)."""
+    out: list[tuple[int, bytes]] = []
+    run: list[tuple[int, bytes]] = []
+    for kind, body in [*messages, (-1, b"")]:
+        if run and (kind != run[0][0] or body[:40] != run[0][1][:40]):
+            out += sorted(run) if run[0][0] & 0xFF == 12 else run
+            run = []
+        run.append((kind, body))
+    return out
+
+
+FULL_SYNC_GOLDENS = sorted(
+    p for p in GOLDEN.glob("*.txt") if "full sync" in p.read_text().splitlines()[0]
+)
+
+
+@pytest.mark.parametrize("golden", FULL_SYNC_GOLDENS, ids=lambda p: p.stem)
+def test_netlink_encodes_full_syncs_as_nft_does(golden: Path, netns: str) -> None:
+    """Every message kubeplex sends for a full sync is the one nft 1.0.x sends for the same
+    text, byte for byte (nft's --debug=mnl dump; only the padding nft leaves uninitialized
+    and the order of a set's elements may differ)."""
+    from nft_messages import canonical, nft_messages
+
+    from kubeplex.backends.nftables import netlink
+
+    text = golden.read_text()
+    try:
+        ours = netlink.compile_transaction(text)
+    except netlink.Unsupported as err:
+        # Only a set of several source ranges is nft's (it merges and sorts intervals).
+        assert " saddr != { " in str(err) and " , " in str(err), err
+        return
+    theirs = nft_messages(netns, text)
+    assert len(ours) == len(theirs)
+    mine = [((netlink.NFNL_SUBSYS_NFTABLES << 8) | m.kind, m.body) for m in ours]
+    nfts = [(kind, canonical(body)) for kind, body in theirs]
+    assert _element_runs_sorted(mine) == _element_runs_sorted(nfts)
 
 
 def test_netlink_failure_leaves_the_table_and_forces_a_full_sync(netns: str) -> None:
@@ -1954,6 +2088,14 @@ def test_a_big_first_sync_into_empty_tables_goes_in_stages(monkeypatch: pytest.M
     assert all("add element" not in t for t in stages[:-1] if "nodeport-ips" not in t)
     assert all("element ip kube-proxy service-ips" not in t for t in stages[:-1])
     assert "add element ip kube-proxy service-ips" in stages[-1]
+    # The base chains stay empty until the last transaction: no packet enters the table before.
+    base_rules = (
+        "add rule ip kube-proxy filter-",
+        "add rule ip kube-proxy nat-",
+        "rule ip6 kube-proxy nat-",
+    )
+    assert all(not any(b in t for b in base_rules) for t in stages[:-1])
+    assert all(b in stages[-1] for b in base_rules)
     fresh = Harness(many_services(10), families=(V4, V6))
     monkeypatch.setattr(backend_module, "STAGE_LINES", 10**9)
     fresh.sync()
@@ -1969,11 +2111,11 @@ def test_a_big_first_sync_into_empty_tables_goes_in_stages(monkeypatch: pytest.M
     other = Harness(many_services(10))
     real_run, calls = other.kernel.run, []
 
-    def third_fails(text: str, bulk: bool = False) -> None:
+    def third_fails(text: str) -> None:
         calls.append(text)
         if len(calls) == 3:
             raise BackendError("nft -f failed: simulated")
-        real_run(text, bulk)
+        real_run(text)
 
     other.kernel.run = third_fails  # type: ignore[method-assign]
     with pytest.raises(BackendError):

@@ -17,6 +17,7 @@ from kubeplex.core.objects import (
     parse_endpoint_slice,
     parse_node,
     parse_service,
+    parse_service_cidr,
 )
 
 SERVICE_NAME = "kubernetes.io/service-name"
@@ -836,3 +837,168 @@ def test_bad_node(obj: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidObject) as info:
         parse_node(obj)
     assert str(info.value) == message
+
+
+# --- ServiceCIDRs -------------------------------------------------------------------------------
+
+
+def service_cidr(*cidrs: Any, name: Any = "kubernetes") -> dict[str, Any]:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "ServiceCIDR",
+        "metadata": {"name": name},
+        "spec": {"cidrs": list(cidrs)},
+    }
+
+
+def test_service_cidr_valid_dual_stack_normalized() -> None:
+    obj = parse_service_cidr(service_cidr(" 10.96.0.0/16", "FD00:10:96:0::/112"))
+    assert obj.name == "kubernetes"
+    assert obj.cidrs == ("10.96.0.0/16", "fd00:10:96::/112")
+
+
+def test_service_cidr_single_family_and_host_bits() -> None:
+    # Host bits are cleared, as everywhere else a CIDR is read (normalize_cidr).
+    obj = parse_service_cidr(service_cidr("172.30.1.7/16", name="extra.cidrs"))
+    assert (obj.name, obj.cidrs) == ("extra.cidrs", ("172.30.0.0/16",))
+
+
+BAD_SERVICE_CIDRS: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "bad-cidr",
+        service_cidr("10.96.0.0/16 } accept ; {"),
+        "ServiceCIDR kubernetes: spec.cidrs[0]: must be a valid CIDR,"
+        ' got "10.96.0.0/16 } accept ; {"',
+    ),
+    (
+        "bad-second-cidr",
+        service_cidr("10.96.0.0/16", "fd00::/129"),
+        'ServiceCIDR kubernetes: spec.cidrs[1]: must be a valid CIDR, got "fd00::/129"',
+    ),
+    (
+        "three-cidrs",
+        service_cidr("10.96.0.0/16", "fd00::/112", "10.97.0.0/16"),
+        "ServiceCIDR kubernetes: spec.cidrs: may hold at most 2 CIDRs (one per IP family), got 3",
+    ),
+    (
+        "two-of-one-family",
+        service_cidr("10.96.0.0/16", "10.97.0.0/16"),
+        "ServiceCIDR kubernetes: spec.cidrs: may hold at most one CIDR per IP family,"
+        " got two IPv4 CIDRs",
+    ),
+    (
+        "two-ipv6",
+        service_cidr("fd00:1::/112", "fd00:2::/112"),
+        "ServiceCIDR kubernetes: spec.cidrs: may hold at most one CIDR per IP family,"
+        " got two IPv6 CIDRs",
+    ),
+    (
+        "no-cidrs",
+        service_cidr(),
+        "ServiceCIDR kubernetes: spec.cidrs: required: at least one CIDR",
+    ),
+    (
+        "cidrs-not-a-list",
+        {**service_cidr(), "spec": {"cidrs": "10.96.0.0/16"}},
+        'ServiceCIDR kubernetes: spec.cidrs: must be a list, got "10.96.0.0/16"',
+    ),
+    (
+        "name-not-a-subdomain",
+        service_cidr("10.96.0.0/16", name="Service_CIDR"),
+        "ServiceCIDR Service_CIDR: metadata.name: must be a DNS subdomain (lower-case letters,"
+        " digits, '-', '.'), got \"Service_CIDR\"",
+    ),
+    (
+        "name-missing",
+        {**service_cidr("10.96.0.0/16"), "metadata": {}},
+        "ServiceCIDR <no name>: metadata.name: required",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("obj", "message"),
+    [(obj, message) for _, obj, message in BAD_SERVICE_CIDRS],
+    ids=[case for case, _, _ in BAD_SERVICE_CIDRS],
+)
+def test_bad_service_cidr(obj: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidObject) as info:
+        parse_service_cidr(obj)
+    assert str(info.value) == message
+
+
+def test_bad_service_cidr_names_the_exact_field() -> None:
+    with pytest.raises(InvalidObject) as info:
+        parse_service_cidr(service_cidr("10.96.0.0/16", "not-a-cidr", name="a b"))
+    assert info.value.where == "ServiceCIDR a b"
+    assert [e.path for e in info.value.errors] == ["metadata.name", "spec.cidrs[1]"]
+
+
+# --- the endpoint fast path ------------------------------------------------------------------
+
+_ENDPOINT_VARIANTS: list[Any] = [
+    {"addresses": ["10.0.0.1"]},
+    {"addresses": ["10.0.0.1", "10.0.0.2"], "conditions": {"ready": False}},
+    {"addresses": ["10.0.0.1"], "conditions": {"ready": True, "serving": False}},
+    {"addresses": ["10.0.0.1"], "conditions": {"terminating": True, "serving": True}},
+    {"addresses": ["10.0.0.1"], "conditions": None, "nodeName": "node-1.example"},
+    {"addresses": ["10.0.0.1"], "nodeName": "Node_1"},
+    {"addresses": ["10.0.0.1"], "nodeName": ""},
+    {"addresses": ["10.0.0.1"], "zone": "zone-a"},
+    {"addresses": ["10.0.0.1"], "zone": 7},
+    {"addresses": ["10.0.0.1"], "hints": {"forZones": [{"name": "zone-a"}, {"name": "zone-b"}]}},
+    {"addresses": ["10.0.0.1"], "hints": {"forNodes": [{"name": "n1"}], "forZones": []}},
+    {"addresses": ["10.0.0.1"], "hints": {"forZones": [{"name": ""}, {}]}},
+    {"addresses": ["10.0.0.1"], "hints": {"forZones": [{"name": "bad zone"}]}},
+    {"addresses": ["10.0.0.1"], "hints": {"forZones": "zone-a"}},
+    {"addresses": ["10.0.0.1"], "hints": {"forZones": [None]}},
+    {"addresses": ["10.0.0.1"], "hints": []},
+    {"addresses": ["10.0.0.1"], "conditions": {"ready": "yes"}},
+    {"addresses": ["10.0.0.1"], "conditions": []},
+    {"addresses": ["010.0.0.1"]},
+    {"addresses": ["10.0.0.1 "]},
+    {"addresses": [" 10.0.0.1"]},
+    {"addresses": ["10.0.0.1\n"]},
+    {"addresses": ["fd00::1"]},
+    {"addresses": ["fe80::1%eth0"]},
+    {"addresses": [""]},
+    {"addresses": [None]},
+    {"addresses": []},
+    {"addresses": "10.0.0.1"},
+    {},
+    None,
+    "10.0.0.1",
+]
+
+
+@pytest.mark.parametrize("address_type", ["IPv4", "IPv6"])
+@pytest.mark.parametrize("variant", range(len(_ENDPOINT_VARIANTS)))
+def test_the_endpoint_fast_path_decides_as_the_general_one(
+    variant: int, address_type: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever an endpoint holds, a slice parses to the same object (or the same errors)
+    with the fast path as with the general, field-by-field path alone."""
+    from kubeplex.core import objects
+
+    raw = copy.deepcopy(_ENDPOINT_VARIANTS[variant])
+    addresses = raw.get("addresses") if isinstance(raw, dict) else None
+    if address_type == "IPv6" and isinstance(addresses, list) and addresses[:1] == ["10.0.0.1"]:
+        addresses[0] = "fd00:0::1"
+    obj = {
+        "metadata": {"name": "web-1", "labels": {"kubernetes.io/service-name": "web"}},
+        "addressType": address_type,
+        "ports": [{"port": 80}],
+        "endpoints": [raw],
+    }
+
+    def parse() -> object:
+        try:
+            return parse_endpoint_slice(obj)
+        except InvalidObject as err:
+            return str(err)
+
+    fast = parse()
+    if variant < 5:  # valid endpoints of the common shape: the fast path takes them
+        assert objects._plain_endpoint(raw, address_type) is not None
+    monkeypatch.setattr(objects, "_plain_endpoint", lambda raw, address_type: None)
+    assert parse() == fast

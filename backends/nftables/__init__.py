@@ -32,10 +32,12 @@ NODE_PORT_PRIMARY = "primary"
 #: deleted earlier in the same transaction.
 _BUSY = "Device or resource busy"
 #: A first sync into a namespace without the tables, if longer than STAGE_MIN_LINES (about
-#: 2,000 Services), goes in transactions of about STAGE_LINES lines (FamilyPlan.stages): one
-#: transaction costs O(services^2) in the kernel, which only shows at that size.
-STAGE_MIN_LINES = 100_000
-STAGE_LINES = 20_000
+#: 400 Services), goes in transactions of about STAGE_LINES lines (FamilyPlan.stages): one
+#: transaction costs O(services^2) in the kernel, and over netlink the next stage is encoded
+#: while the kernel commits one. Measured at 1,000 Services: 0.75 s as one transaction,
+#: 0.38 s in stages of 10,000 lines.
+STAGE_MIN_LINES = 20_000
+STAGE_LINES = 10_000
 
 
 def node_port_ips(
@@ -85,13 +87,14 @@ class NftablesBackend(Backend):
         super().__init__(ctx)
         self._renderers = PerFamily(FamilyRenderer)
         self._kernel = NftKernel(ctx.netns)
-        #: The cluster's ServiceCIDRs (upstream reads the ServiceCIDR objects): traffic to an
-        #: address in them that no Service has is dropped. Empty: no such rule.
-        self.service_cidrs: tuple[str, ...] = ()
 
     # --- render -----------------------------------------------------------------------------
 
-    def settings(self, family: IPFamily, node: NodeInfo) -> FamilySettings:
+    def settings(
+        self, family: IPFamily, node: NodeInfo, service_cidrs: Sequence[str] = ()
+    ) -> FamilySettings:
+        """``service_cidrs``: the cluster's ServiceCIDRs (both families; upstream reads the
+        ServiceCIDR objects): traffic to an address in them that no Service has is dropped."""
         cfg = self.ctx.config
         own = node.addresses_of(family)
         return FamilySettings(
@@ -101,7 +104,7 @@ class NftablesBackend(Backend):
             local=local_detector(cfg, node, family),
             node_port_ips=node_port_ips(tuple(cfg.node_port_addresses), node, family),
             node_ip=own[0] if own else "",
-            service_cidrs=tuple(c for c in self.service_cidrs if family_of(c) is family),
+            service_cidrs=tuple(c for c in service_cidrs if family_of(c) is family),
         )
 
     def render(self, state: ProxyState) -> NftablesRendered:
@@ -109,7 +112,7 @@ class NftablesBackend(Backend):
         for family in self.ctx.families:
             graph = state.graphs.get(family)
             if graph is not None:
-                settings = self.settings(family, state.node)
+                settings = self.settings(family, state.node, state.service_cidrs)
                 renderer = self._renderers.with_settings(family, settings)
                 plans.append(renderer.render(graph, state.changes[family]))
         return NftablesRendered(plans)
@@ -138,8 +141,7 @@ class NftablesBackend(Backend):
         texts.append("".join(plan.last_stage() for plan in plans))
         texts = [t for t in texts if t]
         try:
-            for text in texts:
-                self._kernel.run(text, bulk=True)
+            self._kernel.run_stages(texts)
         except BackendError:
             self.invalidate()
             raise

@@ -1,20 +1,22 @@
-"""The nftables backend's side-effect seam: ``nft -f -`` (through core.execer, in the netns),
-or the same batch straight over netlink.
+"""The nftables backend's side-effect seam: every transaction straight over netlink, or through
+``nft -f -`` (core.execer, in the netns) when it holds a command the encoder does not know.
 
-Every sync is one transaction: one batch, committed atomically or not at all. A transaction
-made only of the commands ``netlink`` encodes (what partial syncs write: service chains and
-their rules, affinity sets, elements, deletions) goes over a netlink socket kept open in the
-netns, as the very messages nft would send; anything else (full syncs: base chains, set and map
-definitions, flushes) goes through ``nft -f -``. Only on a full sync are object names listed,
-with ``nft -t list chains/sets/maps`` (chain headers without rules, sets without elements: a
-fraction of ``list table``), to find leftovers of earlier runs and chains gone missing.
+Every sync is one transaction: one batch, committed atomically or not at all. ``netlink``
+encodes what the renderer writes (the table, base chains, sets and maps, every rule of the
+fixed chains and of services, elements, flushes, deletions) as the very messages nft would
+send, and skips nft's parser (a third of a first sync's time) and its cache fetch (O(chains^2)
+per call). What it does not encode (a set of several source ranges, for one) goes to nft. Only
+on a full sync are object names listed, with ``nft -t list chains/sets/maps`` (chain headers
+without rules, sets without elements: a fraction of ``list table``), to find leftovers of
+earlier runs and chains gone missing.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kubeplex.backends.nftables import names, netlink
@@ -51,9 +53,6 @@ def parse_listing(text: str) -> dict[str, TableObjects]:
     return found
 
 
-#: Transactions longer than this go through nft (a partial sync this big is rare, and nft's
-#: cache fetch is then a small part of its cost).
-NETLINK_MAX_LINES = 20_000
 #: The nft executable that the netlink path stands in for.
 NFT = "nft"
 
@@ -70,28 +69,59 @@ class NftKernel:
         #: How the last transaction went: "netlink" or "nft" (for logs, tests and benchmarks).
         self.last_path = ""
 
-    def run(self, text: str, bulk: bool = False) -> None:
+    def run(self, text: str) -> None:
         """Apply ``text`` as one atomic transaction; BackendError if nft or the kernel refuse.
-
-        ``bulk``: always through nft (its parser beats this module's encoder on volume, and the
-        cache it fetches is small while a table is being built).
 
         The kernel binds each anonymous set (every ``numgen ... vmap``) by walking the whole
         transaction, and names it by scanning every set of the table, so writing N services in
         one transaction costs O(N^2): allow more time for big transactions.
         """
-        lines = text.count("\n")
-        if not bulk and self.use_netlink and self.nft_cmd == NFT and lines <= NETLINK_MAX_LINES:
-            try:
-                messages = netlink.compile_transaction(text)
-            except netlink.Unsupported:
-                pass
-            else:
-                if self._run_netlink(messages):
-                    return
+        if self.use_netlink and self.nft_cmd == NFT:
+            messages = self._compile(text)
+            if messages is not None and self._run_netlink(messages):
+                return
         self.last_path = "nft"
-        timeout = 60.0 + lines / 1000
+        timeout = 60.0 + text.count("\n") / 1000
         execer.run([self.nft_cmd, "-f", "-"], self.netns, input=text, timeout=timeout)
+
+    def run_stages(self, texts: Sequence[str]) -> None:
+        """Apply several transactions in order, stopping at the first one refused
+        (BackendError). Over netlink, each one is encoded while the kernel commits the one
+        before: the socket's send releases the GIL, and the kernel commits inside it."""
+        if not (self.use_netlink and self.nft_cmd == NFT):
+            for text in texts:
+                self.run(text)
+            return
+        failed: list[BaseException] = []
+        sender: threading.Thread | None = None
+
+        def send(text: str, messages: list[netlink.Message] | None) -> None:
+            try:
+                if messages is None or not self._run_netlink(messages):
+                    self.run(text)
+            except BaseException as err:  # handed to the caller's thread
+                failed.append(err)
+
+        for text in texts:
+            messages = self._compile(text)
+            if sender is not None:
+                sender.join()
+            if failed:
+                raise failed[0]
+            sender = threading.Thread(target=send, args=(text, messages), name="nft-stage")
+            sender.start()
+        if sender is not None:
+            sender.join()
+        if failed:
+            raise failed[0]
+
+    @staticmethod
+    def _compile(text: str) -> list[netlink.Message] | None:
+        try:
+            return netlink.compile_transaction(text)
+        except netlink.Unsupported as err:
+            log.debug("nftables transaction through nft (not encoded here: %s)", err)
+            return None
 
     def _run_netlink(self, messages: list[netlink.Message]) -> bool:
         """Send the batch; False if no socket can be had (then nft does it, from now on)."""

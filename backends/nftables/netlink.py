@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import ipaddress
 import os
 import re
 import socket
 import struct
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 # --- constants (linux/netfilter/nfnetlink.h, nf_tables.h; libnftnl's udata) ---------------------
@@ -41,6 +42,7 @@ NLM_F_APPEND = 0x800
 NLMSG_ERROR = 2
 NLA_F_NESTED = 0x8000
 
+MSG_NEWTABLE = 0
 MSG_NEWCHAIN, MSG_DELCHAIN = 3, 5
 MSG_NEWRULE, MSG_DELRULE = 6, 8
 MSG_NEWSET, MSG_DELSET = 9, 11
@@ -55,15 +57,19 @@ NFT_DATA_VERDICT = 0xFFFFFF00
 NFT_SET_ANONYMOUS, NFT_SET_CONSTANT, NFT_SET_MAP = 0x1, 0x2, 0x8
 NFT_SET_TIMEOUT, NFT_SET_EVAL = 0x10, 0x20
 TYPE_INTEGER, TYPE_IPADDR, TYPE_IP6ADDR = 4, 7, 8
-NFT_META_IIFNAME, NFT_META_L4PROTO = 6, 16
-NFT_FIB_RESULT_ADDRTYPE, NFTA_FIB_F_SADDR, RTN_LOCAL = 3, 1, 2
+NFT_META_MARK, NFT_META_IIFNAME, NFT_META_L4PROTO = 3, 6, 16
+NFT_REG32_00 = 8
+NFT_CT_STATE, NFT_CT_STATE_BIT_NEW = 0, 8
+NFT_FIB_RESULT_ADDRTYPE, NFTA_FIB_F_SADDR, NFTA_FIB_F_DADDR, RTN_LOCAL = 3, 1, 2, 2
+NFT_REJECT_ICMP_UNREACH, ICMP_PORT_UNREACH, ICMPV6_PORT_UNREACH = 0, 3, 4
+NF_NAT_RANGE_PROTO_RANDOM_FULLY = 0x10
 NFT_NG_RANDOM = 1
 NFT_NAT_DNAT, NF_NAT_RANGE_PROTO_SPECIFIED = 1, 2
 NFT_DYNSET_OP_UPDATE = 1
 #: libnftnl udata: comments of rules and elements; byte orders of a set's key and data.
 UDATA_COMMENT = 0
 UDATA_SET_KEYBYTEORDER, UDATA_SET_DATABYTEORDER = 0, 1
-UDATA_SET_KEY_TYPEOF, UDATA_SET_DATA_TYPEOF = 4, 6
+UDATA_SET_KEY_TYPEOF, UDATA_SET_DATA_TYPEOF, UDATA_SET_COMMENT = 4, 6, 7
 BYTEORDER_HOST, BYTEORDER_BIG = 1, 2
 
 #: Per-family offsets of saddr/daddr in the network header, and the address length.
@@ -85,21 +91,36 @@ class Unsupported(Exception):
 
 
 # --- attribute encoding -------------------------------------------------------------------------
+# A first sync writes tens of thousands of commands: the helpers below are memoized where their
+# arguments repeat (constants, registers, fixed chains), and the expressions that carry one
+# variable value (an address, a port) are built as a cached frame around it.
+
+_NLA_HEADER = struct.Struct("=HH").pack
+_PAD = (b"", b"\0\0\0", b"\0\0", b"\0")
 
 
 def _attr(kind: int, value: bytes) -> bytes:
     size = 4 + len(value)
-    return struct.pack("=HH", size, kind) + value + b"\0" * (-size % 4)
+    return _NLA_HEADER(size, kind) + value + _PAD[size & 3]
 
 
 def _nest(kind: int, *parts: bytes) -> bytes:
     return _attr(kind | NLA_F_NESTED, b"".join(parts))
 
 
+@functools.lru_cache(maxsize=4096)
 def _str(kind: int, text: str) -> bytes:
     return _attr(kind, text.encode() + b"\0")
 
 
+def _name(kind: int, text: str) -> bytes:
+    """A string attribute that rarely repeats (chain names): not worth a cache entry."""
+    value = text.encode() + b"\0"
+    size = 4 + len(value)
+    return _NLA_HEADER(size, kind) + value + _PAD[size & 3]
+
+
+@functools.lru_cache(maxsize=4096)
 def _u32(kind: int, value: int) -> bytes:
     return _attr(kind, struct.pack(">I", value & 0xFFFFFFFF))
 
@@ -109,7 +130,7 @@ def _u64(kind: int, value: int) -> bytes:
 
 
 def _host32(value: int) -> bytes:
-    return struct.pack("=I", value)
+    return struct.pack("=I", value & 0xFFFFFFFF)
 
 
 def _value(kind: int, data: bytes) -> bytes:
@@ -117,6 +138,7 @@ def _value(kind: int, data: bytes) -> bytes:
     return _nest(kind, _attr(1, data))
 
 
+@functools.lru_cache(maxsize=4096)
 def _verdict(kind: int, code: int, chain: str = "") -> bytes:
     inner = _u32(1, code) + (_str(2, chain) if chain else b"")
     return _nest(kind, _nest(2, inner))
@@ -137,42 +159,86 @@ def _comment_udata(text: str) -> bytes:
     return _udata(UDATA_COMMENT, data)
 
 
+def _framed(build: Callable[[bytes], bytes], size: int) -> tuple[bytes, bytes]:
+    """(before, after) the value of ``build(value)`` when the value is its last attribute: the
+    lengths of every enclosing attribute depend only on ``size``."""
+    whole = build(b"\0" * size)
+    after = _PAD[(4 + size) & 3]
+    cut = len(whole) - len(after) - size
+    return whole[:cut], after
+
+
 # --- expressions (as nft 1.0.x linearizes them) ---------------------------------------------------
 
 
-def _payload(offset: int, length: int) -> bytes:
-    return _expr("payload", _u32(1, 1), _u32(2, 1), _u32(3, offset), _u32(4, length))
+@functools.lru_cache(maxsize=256)
+def _payload(offset: int, length: int, dreg: int = 1, base: int = 1) -> bytes:
+    """Load ``length`` bytes at ``offset`` of the network (base 1) or transport (2) header."""
+    return _expr("payload", _u32(1, dreg), _u32(2, base), _u32(3, offset), _u32(4, length))
+
+
+@functools.lru_cache(maxsize=64)
+def _cmp_frame(op: int, size: int) -> tuple[bytes, bytes]:
+    return _framed(lambda data: _expr("cmp", _u32(1, 1), _u32(2, op), _value(3, data)), size)
 
 
 def _cmp(op: int, data: bytes) -> bytes:
-    return _expr("cmp", _u32(1, 1), _u32(2, op), _value(3, data))
+    before, after = _cmp_frame(op, len(data))
+    return before + data + after
 
 
+@functools.lru_cache(maxsize=64)
+def _immediate_frame(dreg: int, size: int) -> tuple[bytes, bytes]:
+    return _framed(lambda data: _expr("immediate", _u32(1, dreg), _value(2, data)), size)
+
+
+def _immediate_data(dreg: int, data: bytes) -> bytes:
+    before, after = _immediate_frame(dreg, len(data))
+    return before + data + after
+
+
+@functools.lru_cache(maxsize=4096)
 def _immediate_verdict(code: int, chain: str = "") -> bytes:
     return _expr("immediate", _u32(1, 0), _verdict(2, code, chain))
+
+
+@functools.lru_cache(maxsize=64)
+def _meta(key: int, dreg: int = 1) -> bytes:
+    return _expr("meta", _u32(2, key), _u32(1, dreg))
+
+
+def _pack_addr(family: int, text: str) -> bytes:
+    try:
+        return socket.inet_pton(family, text)
+    except (OSError, UnicodeError, ValueError) as err:
+        raise Unsupported(f"not an address of family {family}: {text!r}") from err
 
 
 def _addr_match(family: int, which: str, negate: bool, text: str) -> list[bytes]:
     """``ip saddr [!=] 10.0.0.0/8``: byte-aligned prefixes load only their bytes."""
     saddr, daddr, size = _ADDR[family]
     offset = saddr if which == "saddr" else daddr
+    op = 1 if negate else 0
+    if "/" not in text:
+        return [_payload(offset, size), _cmp(op, _pack_addr(family, text))]
+    return list(_prefix_match(family, offset, size, op, text))
+
+
+@functools.lru_cache(maxsize=1024)
+def _prefix_match(family: int, offset: int, size: int, op: int, text: str) -> tuple[bytes, ...]:
     try:
         net = ipaddress.ip_network(text, strict=False)
     except ValueError as err:
         raise Unsupported(f"not an address: {text}") from err
-    if (net.version == 4) != (family == 2) or ("/" not in text and net.prefixlen != size * 8):
+    if (net.version == 4) != (family == 2):
         raise Unsupported(f"address {text} of the other family")
-    op = 1 if negate else 0
     prefix = net.prefixlen
     packed = net.network_address.packed
-    if "/" not in text:
-        packed = ipaddress.ip_address(text).packed
-        prefix = size * 8
     if prefix == 0:
         raise Unsupported("a /0 prefix")
     if prefix % 8 == 0:
         length = prefix // 8
-        return [_payload(offset, length), _cmp(op, packed[:length])]
+        return (_payload(offset, length), _cmp(op, packed[:length]))
     mask = net.netmask.packed
     bitwise = _expr(
         "bitwise",
@@ -182,11 +248,7 @@ def _addr_match(family: int, which: str, negate: bool, text: str) -> list[bytes]
         _value(4, mask),
         _value(5, b"\0" * size),
     )
-    return [_payload(offset, size), bitwise, _cmp(op, packed)]
-
-
-def _meta(key: int) -> bytes:
-    return _expr("meta", _u32(2, key), _u32(1, 1))
+    return (_payload(offset, size), bitwise, _cmp(op, packed))
 
 
 def _iifname(negate: bool, pattern: str) -> list[bytes]:
@@ -197,10 +259,93 @@ def _iifname(negate: bool, pattern: str) -> list[bytes]:
     return [_meta(NFT_META_IIFNAME), _cmp(1 if negate else 0, data)]
 
 
+def _fib_local(flag: int) -> list[bytes]:
+    """``fib saddr|daddr type local``."""
+    return [
+        _expr("fib", _u32(3, flag), _u32(2, NFT_FIB_RESULT_ADDRTYPE), _u32(1, 1)),
+        _cmp(0, _host32(RTN_LOCAL)),
+    ]
+
+
+#: ``ct state new`` (as nft writes a flag test: mask the bit, compare with zero).
+_CT_STATE_NEW = (
+    _expr("ct", _u32(2, NFT_CT_STATE), _u32(1, 1))
+    + _expr(
+        "bitwise",
+        _u32(1, 1),
+        _u32(2, 1),
+        _u32(3, 4),
+        _value(4, _host32(NFT_CT_STATE_BIT_NEW)),
+        _value(5, _host32(0)),
+    )
+    + _cmp(1, _host32(0))
+)
+
+
+def _mark_bitwise(mask: int, xor: int) -> bytes:
+    return _meta(NFT_META_MARK) + _expr(
+        "bitwise",
+        _u32(1, 1),
+        _u32(2, 1),
+        _u32(6, 0),
+        _u32(3, 4),
+        _value(4, _host32(mask)),
+        _value(5, _host32(xor)),
+    )
+
+
+def _mark(words: list[str]) -> tuple[list[bytes], list[str]]:
+    """``mark set mark or|xor M`` and ``mark and M == 0``: expressions and the words left."""
+    if words[1:4] == ["set", "mark", "or"] and len(words) >= 5:
+        bit = _hex(words[4])
+        set_mark = _expr("meta", _u32(2, NFT_META_MARK), _u32(3, 1))
+        return [_mark_bitwise(~bit, bit), set_mark], words[5:]
+    if words[1:4] == ["set", "mark", "xor"] and len(words) >= 5:
+        bit = _hex(words[4])
+        set_mark = _expr("meta", _u32(2, NFT_META_MARK), _u32(3, 1))
+        return [_mark_bitwise(0xFFFFFFFF, bit), set_mark], words[5:]
+    if words[1] == "and" and len(words) >= 5 and words[3:5] == ["==", "0"]:
+        return [_mark_bitwise(_hex(words[2]), 0), _cmp(0, _host32(0))], words[5:]
+    raise Unsupported(" ".join(words))
+
+
+def _hex(word: str) -> int:
+    if not word.startswith("0x"):
+        raise Unsupported(word)
+    try:
+        return int(word, 16)
+    except ValueError as err:
+        raise Unsupported(word) from err
+
+
+def _register(slot: int) -> int:
+    """The register of a concatenation's 32-bit slot: NFT_REG_n at 16-byte boundaries,
+    NFT_REG32_nn elsewhere (as nft allocates them)."""
+    return 1 + slot // 4 if slot % 4 == 0 else NFT_REG32_00 + slot
+
+
+def _concat_lookup(
+    batch: _Batch, family: int, with_addr: bool, words: list[str], line: str
+) -> list[bytes]:
+    """``[ip daddr .] meta l4proto . th dport vmap @map``."""
+    if len(words) != 2 or words[0] != "vmap" or not words[1].startswith("@"):
+        raise Unsupported(line)
+    out: list[bytes] = []
+    slot = 0
+    if with_addr:
+        _, daddr, size = _ADDR[family]
+        out.append(_payload(daddr, size))
+        slot = size // 4
+    out.append(_meta(NFT_META_L4PROTO, _register(slot)))
+    out.append(_payload(2, 2, _register(slot + 1), 2))
+    out.append(_expr("lookup", _u32(2, 1), _u32(3, 0), _set_ref(batch, family, words[1][1:])))
+    return out
+
+
 # --- commands -------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class Message:
     kind: int
     flags: int
@@ -212,8 +357,13 @@ class Message:
 
 @dataclass
 class _Batch:
+    """Messages, and the IDs of the sets created, numbered as nft numbers them: named sets
+    first (nft gives them IDs as it evaluates the commands), then anonymous ones."""
+
+    named_sets: int = 0
     messages: list[Message] = field(default_factory=list)
     next_id: int = 1
+    next_anonymous_id: int = 0
     #: Sets created in this batch: name -> ID (rules and elements refer to them by both).
     set_ids: dict[tuple[int, str], int] = field(default_factory=dict)
 
@@ -224,22 +374,41 @@ class _Batch:
         self.next_id += 1
         return self.next_id - 1
 
+    def new_anonymous_id(self) -> int:
+        self.next_anonymous_id += 1
+        return self.named_sets + self.next_anonymous_id
 
-_HEAD = re.compile(
-    r"^(add|delete|flush) (chain|rule|set|map|element) (ip6?) (\S+) (\S+)(?: (.*))?$"
-)
+
+_TABLE_SPEC = re.compile(r'^\{ comment "([^"\\]*)" ; \}$')
+_BASE_CHAIN_SPEC = re.compile(r"^\{ type (filter|nat) hook (\w+) priority (-?\d+) ; \}$")
 _SET_SPEC = re.compile(
     r"^\{ type (ipv4_addr|ipv6_addr) ; flags dynamic,timeout ; timeout (\d+)s ; \}$"
+)
+_NAMED_SET_SPEC = re.compile(
+    r'^\{ type ([a-z0-9_ .]+?)(?: : (verdict))? ; comment "([^"\\]*)" ; \}$'
 )
 _COMMENT = re.compile(r'^(.*?) comment "([^"\\]*)"$')
 _ELEMENT = re.compile(r'^\{ (.+?)(?: comment "([^"\\]*)")?(?: : (.+))? \}$')
 _NUMGEN = re.compile(r"^numgen random mod (\d+) vmap \{ (.+) \}$")
-_DNAT = re.compile(r"^dnat to (?:\[([0-9a-fA-F:.]+)\]|([0-9.]+)):(\d+)$")
+
+HOOKS = {"prerouting": 0, "input": 1, "forward": 2, "output": 3, "postrouting": 4}
+#: nft's data types (key types of sets and maps) and their sizes in the key.
+DATA_TYPES = {
+    "ipv4_addr": (7, 4),
+    "ipv6_addr": (8, 16),
+    "inet_proto": (12, 4),
+    "inet_service": (13, 4),
+}
+#: What nft 1.0.x writes as the userdata of a named verdict map with a concatenated key
+#: (copied from its messages; only nft reads it back, to print the map).
+_VMAP_UDATA = bytes.fromhex("000400000000010400000000030800040d0000000100060400000000")
+_NEW = NLM_F_REQUEST | NLM_F_CREATE
 
 
 def compile_transaction(text: str) -> list[Message]:
     """The messages of ``text`` (lines as the renderer writes them), or ``Unsupported``."""
-    batch = _Batch()
+    named = ("\n" + text).count("\nadd set ") + ("\n" + text).count("\nadd map ")
+    batch = _Batch(named)
     for line in text.splitlines():
         if line and not line.startswith("#"):
             _command(batch, line)
@@ -247,36 +416,120 @@ def compile_transaction(text: str) -> list[Message]:
 
 
 def _command(batch: _Batch, line: str) -> None:
-    m = _HEAD.match(line)
-    if m is None:
+    head = line.split(" ", 5)
+    if len(head) < 4 or head[0] not in ("add", "delete", "flush"):
         raise Unsupported(line)
-    verb, kind, fam, table, name, rest = m.groups()
-    family = FAMILIES[fam]
+    verb, kind, fam = head[0], head[1], head[2]
+    family = FAMILIES.get(fam)
+    if family is None:
+        raise Unsupported(line)
+    if kind == "table":
+        _table(batch, family, line, verb, head[3], line.split(" ", 4)[4:])
+        return
+    if len(head) < 5:
+        raise Unsupported(line)
+    table, name = head[3], head[4]
+    rest = head[5] if len(head) == 6 else ""
     t = _str(1, table)
     if kind == "chain":
-        if rest:
-            raise Unsupported(line)  # base chains, chain comments: nft's business
         if verb == "add":
-            batch.add(MSG_NEWCHAIN, NLM_F_REQUEST | NLM_F_CREATE, family, line, t, _str(3, name))
+            batch.add(MSG_NEWCHAIN, _NEW, family, line, t, _name(3, name), *_chain_spec(rest))
+        elif rest:
+            raise Unsupported(line)
         elif verb == "flush":
-            batch.add(MSG_DELRULE, NLM_F_REQUEST, family, line, t, _str(2, name))
+            batch.add(MSG_DELRULE, NLM_F_REQUEST, family, line, t, _name(2, name))
         else:
-            batch.add(MSG_DELCHAIN, NLM_F_REQUEST, family, line, t, _str(3, name))
+            batch.add(MSG_DELCHAIN, NLM_F_REQUEST, family, line, t, _name(3, name))
     elif kind in ("set", "map"):
         if verb == "delete" and not rest:
             batch.add(MSG_DELSET, NLM_F_REQUEST, family, line, t, _str(2, name))
+        elif verb == "flush" and not rest:
+            batch.add(MSG_DELSETELEM, NLM_F_REQUEST, family, line, _str(2, name), t)
         elif verb == "add" and kind == "set" and rest and (s := _SET_SPEC.match(rest)):
             _affinity_set(batch, family, line, table, name, s.group(1), int(s.group(2)))
+        elif verb == "add" and rest and (s := _NAMED_SET_SPEC.match(rest)):
+            _named_set(batch, family, line, table, name, kind, *s.groups())
         else:
             raise Unsupported(line)
     elif kind == "rule":
         if verb != "add" or not rest:
             raise Unsupported(line)
-        _rule(batch, family, line, table, name, rest)
-    else:
+        if not _endpoint_rule(batch, family, line, t, name, rest):
+            _rule(batch, family, line, t, name, rest)
+    elif kind == "element":
         if not rest:
             raise Unsupported(line)
         _element(batch, verb, family, line, table, name, rest)
+    else:
+        raise Unsupported(line)
+
+
+def _table(batch: _Batch, family: int, line: str, verb: str, name: str, rest: list[str]) -> None:
+    spec = _TABLE_SPEC.match(rest[0]) if rest else None
+    if verb != "add" or (rest and spec is None):
+        raise Unsupported(line)
+    udata = _attr(6, _comment_udata(spec.group(1))) if spec else b""
+    batch.add(MSG_NEWTABLE, _NEW, family, line, _str(1, name), _u32(2, 0), udata)
+
+
+def _chain_spec(rest: str) -> list[bytes]:
+    """The attributes after the name of an ``add chain``: a base chain's type and hook, or a
+    comment."""
+    if not rest:
+        return []
+    if base := _BASE_CHAIN_SPEC.match(rest):
+        kind, hook, priority = base.groups()
+        if hook not in HOOKS:
+            raise Unsupported(rest)
+        return [_str(7, kind), _nest(4, _u32(1, HOOKS[hook]), _u32(2, int(priority)))]
+    if comment := _TABLE_SPEC.match(rest):
+        return [_attr(12, _comment_udata(comment.group(1)))]
+    raise Unsupported(rest)
+
+
+def _named_set(
+    batch: _Batch,
+    family: int,
+    line: str,
+    table: str,
+    name: str,
+    kind: str,
+    key: str,
+    verdict: str | None,
+    comment: str,
+) -> None:
+    """``add set|map ... { type K [: verdict] ; comment "..." ; }`` (the fixed sets and maps)."""
+    parts = key.split(" . ")
+    if any(p not in DATA_TYPES for p in parts) or (kind == "map") != (verdict is not None):
+        raise Unsupported(line)
+    key_type = 0
+    for part in parts:
+        key_type = (key_type << 6) | DATA_TYPES[part][0]
+    key_len = sum(DATA_TYPES[p][1] for p in parts)
+    set_id = batch.new_id()
+    batch.set_ids[(family, name)] = set_id
+    if verdict:
+        flags, data = NFT_SET_MAP, [_u32(6, NFT_DATA_VERDICT), _u32(7, 0)]
+        udata = _VMAP_UDATA
+    elif len(parts) == 1 and parts[0] in ("ipv4_addr", "ipv6_addr"):
+        flags, data = 0, []
+        udata = _udata(UDATA_SET_KEYBYTEORDER, _host32(BYTEORDER_BIG))
+    else:
+        raise Unsupported(line)
+    batch.add(
+        MSG_NEWSET,
+        _NEW,
+        family,
+        line,
+        _str(1, table),
+        _str(2, name),
+        _u32(3, flags),
+        _u32(4, key_type),
+        _u32(5, key_len),
+        *data,
+        _u32(10, set_id),
+        _attr(13, udata + _udata(UDATA_SET_COMMENT, comment.encode() + b"\0")),
+    )
 
 
 def _affinity_set(
@@ -287,11 +540,11 @@ def _affinity_set(
     batch.set_ids[(family, name)] = set_id
     batch.add(
         MSG_NEWSET,
-        NLM_F_REQUEST | NLM_F_CREATE,
+        _NEW,
         family,
         line,
         _str(1, table),
-        _str(2, name),
+        _name(2, name),
         _u32(3, NFT_SET_TIMEOUT | NFT_SET_EVAL),
         _u32(4, TYPE_IP6ADDR if v6 else TYPE_IPADDR),
         _u32(5, 16 if v6 else 4),
@@ -304,7 +557,7 @@ def _affinity_set(
 def _set_ref(batch: _Batch, family: int, name: str) -> bytes:
     """A named set, by name (and by ID when this batch creates it, as nft does)."""
     found = batch.set_ids.get((family, name))
-    return _str(1, name) + (_u32(4, found) if found is not None else b"")
+    return _name(1, name) + (_u32(4, found) if found is not None else b"")
 
 
 def _verdict_words(words: list[str]) -> tuple[int, str]:
@@ -315,29 +568,48 @@ def _verdict_words(words: list[str]) -> tuple[int, str]:
     raise Unsupported(" ".join(words))
 
 
-def _rule(batch: _Batch, family: int, line: str, table: str, chain: str, text: str) -> None:
+def _rule(batch: _Batch, family: int, line: str, t: bytes, chain: str, text: str) -> None:
     udata = b""
-    if c := _COMMENT.match(text):
+    if '"' in text:
+        c = _COMMENT.match(text)
+        if c is None:
+            raise Unsupported(line)
         text, comment = c.groups()
-        udata = _comment_udata(comment)
+        udata = _attr(7, _comment_udata(comment))
     exprs: list[bytes] = []
     fam = "ip6" if family == 10 else "ip"
     words = text.split(" ")
-    if n := _NUMGEN.match(text):
-        exprs += _numgen_vmap(batch, family, line, table, int(n.group(1)), n.group(2))
+    if words[0] == "numgen" and (n := _NUMGEN.match(text)):
+        exprs += _numgen_vmap(batch, family, line, t, int(n.group(1)), n.group(2))
         words = []
     while words:
         w = words[0]
         if w == fam and len(words) >= 3 and words[1] in ("saddr", "daddr"):
-            if words[2].startswith("@") and words[1] == "saddr":
-                exprs.append(_payload(_ADDR[family][0], _ADDR[family][2]))
+            which = words[1]
+            if words[2].startswith("@"):
+                offset = _ADDR[family][0 if which == "saddr" else 1]
+                exprs.append(_payload(offset, _ADDR[family][2]))
                 exprs.append(_expr("lookup", _u32(2, 1), _set_ref(batch, family, words[2][1:])))
                 words = words[3:]
                 continue
+            if words[2:4] == [".", "meta"] and words[4:8] == ["l4proto", ".", "th", "dport"]:
+                exprs += _concat_lookup(batch, family, True, words[8:], line)
+                words = []
+                continue
             negate = words[2] == "!="
             value = words[3] if negate else words[2]
-            exprs += _addr_match(family, words[1], negate, value)
-            words = words[4:] if negate else words[3:]
+            taken = 4 if negate else 3
+            if value == "{":
+                # A one-element set: nft writes it as a plain match.
+                if len(words) < taken + 2 or words[taken + 1] != "}":
+                    raise Unsupported(line)
+                value = words[taken]
+                taken += 2
+            exprs += _addr_match(family, which, negate, value)
+            words = words[taken:]
+        elif w == "meta" and words[1:5] == ["l4proto", ".", "th", "dport"]:
+            exprs += _concat_lookup(batch, family, False, words[5:], line)
+            words = []
         elif w == "iifname" and len(words) >= 2:
             negate = words[1] == "!="
             quoted = words[2] if negate else words[1]
@@ -345,17 +617,15 @@ def _rule(batch: _Batch, family: int, line: str, table: str, chain: str, text: s
                 raise Unsupported(line)
             exprs += _iifname(negate, quoted[1:-1])
             words = words[3:] if negate else words[2:]
-        elif words[:4] == ["fib", "saddr", "type", "local"]:
-            exprs.append(
-                _expr(
-                    "fib",
-                    _u32(3, NFTA_FIB_F_SADDR),
-                    _u32(2, NFT_FIB_RESULT_ADDRTYPE),
-                    _u32(1, 1),
-                )
-            )
-            exprs.append(_cmp(0, _host32(RTN_LOCAL)))
+        elif w == "fib" and words[2:4] == ["type", "local"] and words[1] in ("saddr", "daddr"):
+            exprs += _fib_local(NFTA_FIB_F_SADDR if words[1] == "saddr" else NFTA_FIB_F_DADDR)
             words = words[4:]
+        elif w == "ct" and words[1:3] == ["state", "new"]:
+            exprs.append(_CT_STATE_NEW)
+            words = words[3:]
+        elif w == "mark" and len(words) >= 2:
+            found, words = _mark(words)
+            exprs += found
         elif w == "update" and words[2:] == ["{", fam, "saddr", "}"] and words[1][:1] == "@":
             exprs.append(_payload(_ADDR[family][0], _ADDR[family][2]))
             exprs.append(
@@ -367,12 +637,18 @@ def _rule(batch: _Batch, family: int, line: str, table: str, chain: str, text: s
                 )
             )
             words = []
-        elif words[:2] == ["meta", "l4proto"] and len(words) == 6 and words[3] == "dnat":
+        elif w == "meta" and len(words) == 6 and words[1] == "l4proto" and words[3] == "dnat":
             proto = PROTOCOLS.get(words[2])
-            d = _DNAT.match(" ".join(words[3:]))
-            if proto is None or d is None:
+            if proto is None or words[4] != "to":
                 raise Unsupported(line)
-            exprs += _dnat(family, proto, d.group(1) or d.group(2), int(d.group(3)))
+            exprs += _dnat(family, proto, words[5])
+            words = []
+        elif w == "masquerade" and words[1:] == ["fully-random"]:
+            exprs.append(_expr("masq", _u32(1, NF_NAT_RANGE_PROTO_RANDOM_FULLY)))
+            words = []
+        elif w == "reject" and len(words) == 1:
+            code = ICMPV6_PORT_UNREACH if family == 10 else ICMP_PORT_UNREACH
+            exprs.append(_expr("reject", _u32(1, NFT_REJECT_ICMP_UNREACH), _attr(2, bytes([code]))))
             words = []
         else:
             code, target = _verdict_words(words)
@@ -381,43 +657,68 @@ def _rule(batch: _Batch, family: int, line: str, table: str, chain: str, text: s
     if not exprs:
         raise Unsupported(line)
     batch.add(
-        MSG_NEWRULE,
-        NLM_F_REQUEST | NLM_F_CREATE | NLM_F_APPEND,
-        family,
-        line,
-        _str(1, table),
-        _str(2, chain),
-        _nest(4, *exprs),
-        _attr(7, udata) if udata else b"",
+        MSG_NEWRULE, _NEW | NLM_F_APPEND, family, line, t, _name(2, chain), _nest(4, *exprs), udata
     )
+
+
+def _endpoint_rule(batch: _Batch, family: int, line: str, t: bytes, chain: str, rule: str) -> bool:
+    """The two rules of every endpoint chain, most of a first sync's lines, without the general
+    parser: ``ip saddr A jump C`` and ``meta l4proto P dnat to A:P``. False: anything else."""
+    words = rule.split(" ")
+    if len(words) == 5 and words[1] == "saddr" and words[3] == "jump":
+        if words[0] != ("ip6" if family == 10 else "ip") or "/" in words[2]:
+            return False
+        saddr, _, size = _ADDR[family]
+        exprs = (
+            _payload(saddr, size)
+            + _cmp(0, _pack_addr(family, words[2]))
+            + _immediate_verdict(NFT_JUMP, words[4])
+        )
+    elif len(words) == 6 and words[0] == "meta" and words[3] == "dnat" and words[4] == "to":
+        proto = PROTOCOLS.get(words[2])
+        if proto is None or words[1] != "l4proto":
+            return False
+        exprs = b"".join(_dnat(family, proto, words[5]))
+    else:
+        return False
+    body = t + _name(2, chain) + _attr(4 | NLA_F_NESTED, exprs)
+    batch.messages.append(Message(MSG_NEWRULE, _NEW | NLM_F_APPEND, family, body, line))
+    return True
 
 
 def _dynset_ref(batch: _Batch, family: int, name: str) -> list[bytes]:
     found = batch.set_ids.get((family, name))
-    return [_str(1, name)] + ([_u32(2, found)] if found is not None else [])
+    return [_name(1, name)] + ([_u32(2, found)] if found is not None else [])
 
 
-def _dnat(family: int, proto: int, addr: str, port: int) -> list[bytes]:
-    try:
-        packed = ipaddress.ip_address(addr).packed
-    except ValueError as err:
-        raise Unsupported(addr) from err
-    if len(packed) != _ADDR[family][2] or not 0 <= port < 65536:
-        raise Unsupported(addr)
-    return [
-        _meta(NFT_META_L4PROTO),
-        _cmp(0, bytes([proto])),
-        _expr("immediate", _u32(1, 1), _value(2, packed)),
-        _expr("immediate", _u32(1, 2), _value(2, struct.pack(">H", port))),
-        _expr(
-            "nat",
-            _u32(1, NFT_NAT_DNAT),
-            _u32(2, family),
-            _u32(3, 1),
-            _u32(5, 2),
-            _u32(7, NF_NAT_RANGE_PROTO_SPECIFIED),
-        ),
-    ]
+@functools.lru_cache(maxsize=16)
+def _dnat_parts(family: int, proto: int) -> tuple[bytes, bytes]:
+    """The constant expressions of ``meta l4proto P dnat to A:P``: before the address, after
+    the port."""
+    before = _meta(NFT_META_L4PROTO) + _cmp(0, bytes([proto]))
+    after = _expr(
+        "nat",
+        _u32(1, NFT_NAT_DNAT),
+        _u32(2, family),
+        _u32(3, 1),
+        _u32(5, 2),
+        _u32(7, NF_NAT_RANGE_PROTO_SPECIFIED),
+    )
+    return before, after
+
+
+def _dnat(family: int, proto: int, target: str) -> list[bytes]:
+    addr, sep, port_text = target.rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+        raise Unsupported(target)
+    if family == 10:
+        if not (addr.startswith("[") and addr.endswith("]")):
+            raise Unsupported(target)
+        addr = addr[1:-1]
+    before, after = _dnat_parts(family, proto)
+    packed = _pack_addr(family, addr)
+    port = int(port_text).to_bytes(2, "big")
+    return [before, _immediate_data(1, packed), _immediate_data(2, port), after]
 
 
 #: What nft 1.0.x writes as the userdata of a ``numgen ... vmap`` map: the key's byte order
@@ -430,8 +731,13 @@ _NUMGEN_MAP_UDATA = (
 )
 
 
+@functools.lru_cache(maxsize=1024)
+def _numgen_key(i: int) -> bytes:
+    return _value(1, _host32(i))
+
+
 def _numgen_vmap(
-    batch: _Batch, family: int, line: str, table: str, modulus: int, body: str
+    batch: _Batch, family: int, line: str, t: bytes, modulus: int, body: str
 ) -> list[bytes]:
     entries = body.split(" , ")
     if modulus < 1 or len(entries) != modulus:
@@ -441,14 +747,20 @@ def _numgen_vmap(
         key, sep, verdict = entry.partition(" : ")
         if not sep or key != str(i):
             raise Unsupported(line)
-        code, chain = _verdict_words(verdict.split(" "))
-        elements.append(_nest(i + 1, _value(1, _host32(i)), _verdict(2, code, chain)))
-    set_id = batch.new_id()
-    t = _str(1, table)
+        jump, _, chain = verdict.partition(" ")
+        if jump == "goto" and chain and " " not in chain:
+            # A goto per endpoint: the verdict built in place (no cache would ever hit).
+            target = _u32(1, NFT_GOTO) + _name(2, chain)
+            data = _attr(2 | NLA_F_NESTED, _attr(2 | NLA_F_NESTED, target))
+        else:
+            code, target_chain = _verdict_words(verdict.split(" "))
+            data = _verdict(2, code, target_chain)
+        elements.append(_attr((i + 1) | NLA_F_NESTED, _numgen_key(i) + data))
+    set_id = batch.new_anonymous_id()
     name = _str(2, "__map%d")
     batch.add(
         MSG_NEWSET,
-        NLM_F_REQUEST | NLM_F_CREATE,
+        _NEW,
         family,
         line,
         t,
@@ -462,16 +774,7 @@ def _numgen_vmap(
         _nest(9, _u32(1, modulus)),
         _attr(13, _NUMGEN_MAP_UDATA),
     )
-    batch.add(
-        MSG_NEWSETELEM,
-        NLM_F_REQUEST | NLM_F_CREATE,
-        family,
-        line,
-        t,
-        name,
-        _u32(4, set_id),
-        _nest(3, *elements),
-    )
+    batch.add(MSG_NEWSETELEM, _NEW, family, line, t, name, _u32(4, set_id), _nest(3, *elements))
     return [
         _expr("numgen", _u32(1, 1), _u32(2, modulus), _u32(3, NFT_NG_RANDOM), _u32(4, 0)),
         _expr("lookup", _u32(2, 1), _u32(3, 0), _str(1, "__map%d"), _u32(4, set_id)),
@@ -486,13 +789,7 @@ def _element_key(family: int, container: str, key: str) -> bytes:
     out = b""
     for part, word in zip(parts, words, strict=True):
         if part == "addr":
-            try:
-                packed = ipaddress.ip_address(word).packed
-            except ValueError as err:
-                raise Unsupported(word) from err
-            if len(packed) != _ADDR[family][2]:
-                raise Unsupported(word)
-            out += packed
+            out += _pack_addr(family, word)
         elif part == "proto":
             if word not in PROTOCOLS:
                 raise Unsupported(word)
@@ -518,11 +815,12 @@ def _element(
             inner += _verdict(2, code, chain)
         if comment:
             inner += _attr(6, _comment_udata(comment))
-        kind, flags = MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_CREATE
+        kind, flags = MSG_NEWSETELEM, _NEW
     else:
         if comment or verdict:
             raise Unsupported(line)
         kind, flags = MSG_DELSETELEM, NLM_F_REQUEST
+    set_id = batch.set_ids.get((family, container))
     batch.add(
         kind,
         flags,
@@ -530,17 +828,18 @@ def _element(
         line,
         _str(1, table),
         _str(2, container),
+        _u32(4, set_id) if set_id is not None else b"",
         _nest(3, _nest(1, inner)),
     )
 
 
-# --- the socket -----------------------------------------------------------------------------------
+_NLMSG_HEADER = struct.Struct("=IHHIIBBH").pack
 
 
 def _nlmsg(kind: int, flags: int, seq: int, family: int, res_id: int, body: bytes) -> bytes:
-    payload = struct.pack("=BBH", family, 0, socket.htons(res_id)) + body
-    size = 16 + len(payload)
-    return struct.pack("=IHHII", size, kind, flags, seq, 0) + payload + b"\0" * (-size % 4)
+    size = 20 + len(body)
+    header = _NLMSG_HEADER(size, kind, flags, seq, 0, family, 0, socket.htons(res_id))
+    return header + body + _PAD[size & 3]
 
 
 def encode_batch(messages: Iterable[Message], first_seq: int = 1) -> tuple[bytes, dict[int, str]]:
@@ -548,11 +847,15 @@ def encode_batch(messages: Iterable[Message], first_seq: int = 1) -> tuple[bytes
     seq = first_seq
     out = [_nlmsg(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq, 0, NFNL_SUBSYS_NFTABLES, b"")]
     lines = {}
+    base = NFNL_SUBSYS_NFTABLES << 8
+    header = _NLMSG_HEADER
     for msg in messages:
         seq += 1
         lines[seq] = msg.line
-        kind = (NFNL_SUBSYS_NFTABLES << 8) | msg.kind
-        out.append(_nlmsg(kind, msg.flags, seq, msg.family, 0, msg.body))
+        size = 20 + len(msg.body)
+        out.append(header(size, base | msg.kind, msg.flags, seq, 0, msg.family, 0, 0))
+        out.append(msg.body)
+        out.append(_PAD[size & 3])
     seq += 1
     out.append(_nlmsg(NFNL_MSG_BATCH_END, NLM_F_REQUEST, seq, 0, NFNL_SUBSYS_NFTABLES, b""))
     return b"".join(out), lines
@@ -560,6 +863,9 @@ def encode_batch(messages: Iterable[Message], first_seq: int = 1) -> tuple[bytes
 
 class NetlinkError(Exception):
     """The kernel refused the batch (nothing of it was applied)."""
+
+
+# --- the socket -----------------------------------------------------------------------------------
 
 
 _CLONE_NEWNET = 0x40000000

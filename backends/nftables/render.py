@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kubeplex.backends.nftables.rules import (
+    BASE_CHAINS,
     FIXED_CHAINS,
     FIXED_SETS,
     FamilySettings,
@@ -44,6 +45,16 @@ from kubeplex.core.model import ServicePortName
 #: What an element holds: (value, comment).
 ElemVal = tuple[str, str]
 ElemKey = tuple[str, str]
+
+
+_BASE_CHAIN_NAMES = frozenset(chain for chain, _, _, _ in BASE_CHAINS)
+
+
+def _hooks(line: str) -> bool:
+    """A line of the fixed part that adds a rule to a base chain (what makes packets reach the
+    table's other chains)."""
+    words = line.split(" ", 5)
+    return len(words) > 4 and words[1] == "rule" and words[4] in _BASE_CHAIN_NAMES
 
 
 @dataclass
@@ -116,12 +127,15 @@ class FamilyPlan:
         """A full plan as several transactions: the fixed objects, then the services' chains
         and sets in pieces of about ``max_lines`` lines; ``last_stage`` completes it.
 
-        Only for a table that did not exist: until the last stage adds the elements, nothing
-        refers to the services' chains, so no traffic meets a half-written table (none was
-        served before). The kernel binds each anonymous set by walking the whole transaction
-        (``__nft_set_trans_bind``), which makes one transaction of N services cost O(N^2).
+        Only for a table that did not exist: the rules of the base chains, which lead packets
+        into the table's other chains, come with the last stage (the base chains stay empty
+        until then), so every packet meets either nothing or all of it, and a failed stage
+        leaves objects no packet reaches. The kernel binds each anonymous set by walking the
+        whole transaction (``__nft_set_trans_bind``), which makes one transaction of N
+        services cost O(N^2).
         """
-        out = ["".join(self.parts[: self.setup_parts])]
+        setup = self.parts[: self.setup_parts]
+        out = ["".join(p for p in setup if not _hooks(p))]
         chunk: list[str] = []
         lines = 0
         for part in [*self.parts[self.setup_parts :], *self.repair]:
@@ -135,7 +149,8 @@ class FamilyPlan:
         return out
 
     def last_stage(self) -> str:
-        return "".join([*self.element_parts, *self.removals()])
+        hooked = [p for p in self.parts[: self.setup_parts] if _hooks(p)]
+        return "".join([*hooked, *self.element_parts, *self.removals()])
 
     def found_in_kernel(self, chains: set[str], sets: set[str], maps: set[str]) -> None:
         """What a full sync's listing of the table shows: remove what nothing wants, re-add

@@ -1,4 +1,5 @@
-"""Cluster state from the Kubernetes API: list+watch of Services, EndpointSlices and the own Node.
+"""Cluster state from the Kubernetes API: list+watch of Services, EndpointSlices, the own Node
+and ServiceCIDRs.
 
 One daemon thread per resource runs a reflector loop like client-go's:
 
@@ -19,8 +20,13 @@ Services and EndpointSlices are listed with upstream kube-proxy's label selector
 selector ``metadata.name=<node>``. Objects are fed to :class:`ClusterState` in their raw API
 (dict) form, exactly as the manifest source feeds them.
 
-Permissions: list/watch services, endpointslices and nodes, and create/patch events — a subset
-of ``system:node-proxier`` plus event recording.
+networking.k8s.io/v1 ServiceCIDRs (the ranges ClusterIPs come from; nftables mode drops traffic
+to their unallocated addresses) are optional: their list does not gate the initial sync, and an
+API server without them (404, before Kubernetes 1.33 or with MultiCIDRServiceAllocator off) or
+a role without them (403) is logged once and asked again every ``missing_retry`` seconds.
+
+Permissions: list/watch services, endpointslices, nodes and servicecidrs, and create/patch
+events — a subset of ``system:node-proxier`` plus event recording.
 
 The Python client speaks JSON only: ``clientConnection.contentType`` (protobuf by default)
 falls back to JSON; ``clientConnection.qps``/``burst`` drive a client-side token bucket
@@ -77,7 +83,8 @@ PROTOBUF = "application/vnd.kubernetes.protobuf"
 SERVICES = "services"
 ENDPOINTSLICES = "endpointslices"
 NODES = "nodes"
-RESOURCES = (SERVICES, ENDPOINTSLICES, NODES)
+SERVICECIDRS = "servicecidrs"
+RESOURCES = (SERVICES, ENDPOINTSLICES, NODES, SERVICECIDRS)
 
 _DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
@@ -459,6 +466,14 @@ class _Stopped(Exception):
     pass
 
 
+class _Missing(Exception):
+    """An optional resource the server does not serve (404) or the role does not grant (403)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 @dataclass
 class _Resource:
     name: str
@@ -467,6 +482,12 @@ class _Resource:
     list_fn: Callable[..., Any]
     label_selector: str = ""
     field_selector: str = ""
+    #: False: its initial list does not gate the sync, and a server or role without it is fine
+    required: bool = True
+    #: what doing without an optional resource means (logged once)
+    without: str = ""
+    #: the server or the role lacks this optional resource (logged once until it is back)
+    missing: bool = False
     #: what was last applied, by key (namespace/name, or name for the Node)
     known: dict[str, JSON] = field(default_factory=dict)
     rv: str = ""
@@ -549,6 +570,7 @@ class KubeApiSource:
         connect_timeout: float = 10.0,
         request_timeout: float = 60.0,
         label_selector: str = PROXY_LABEL_SELECTOR,
+        missing_retry: float = 5 * 60.0,
     ) -> None:
         self.api = api
         self.node_name = node_name
@@ -566,6 +588,8 @@ class KubeApiSource:
         self.backoff_max = backoff_max
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
+        #: How long to wait before asking again for an optional resource the server lacks.
+        self.missing_retry = missing_retry
         core, discovery = k8s.CoreV1Api(api), k8s.DiscoveryV1Api(api)
         self._resources = {
             SERVICES: _Resource(
@@ -584,6 +608,14 @@ class KubeApiSource:
             ),
             NODES: _Resource(
                 NODES, "Node", "v1", core.list_node, field_selector=f"metadata.name={node_name}"
+            ),
+            SERVICECIDRS: _Resource(
+                SERVICECIDRS,
+                "ServiceCIDR",
+                "networking.k8s.io/v1",
+                k8s.NetworkingV1Api(api).list_service_cidr,
+                required=False,
+                without="no drop rule for unallocated ClusterIPs (nftables mode)",
             ),
         }
         self._stop = threading.Event()
@@ -665,8 +697,8 @@ class KubeApiSource:
 
     @property
     def pending(self) -> tuple[str, ...]:
-        """Resources whose initial list is not complete yet."""
-        return tuple(n for n, r in self._resources.items() if not r.synced.is_set())
+        """Resources whose initial list is not complete yet (of those that gate the sync)."""
+        return tuple(n for n, r in self._resources.items() if r.required and not r.synced.is_set())
 
     @property
     def last_error(self) -> str:
@@ -701,7 +733,7 @@ class KubeApiSource:
     def _run(self, r: _Resource) -> None:
         while not self._stop.is_set():
             retrying = Retrying(
-                retry=retry_if_exception(lambda e: not isinstance(e, _Stopped)),
+                retry=retry_if_exception(lambda e: not isinstance(e, (_Stopped, _Missing))),
                 wait=wait_exponential(multiplier=self.backoff_initial, max=self.backoff_max)
                 + wait_random(0, self.backoff_initial),
                 stop=lambda _: self._stop.is_set(),
@@ -713,12 +745,37 @@ class KubeApiSource:
                 retrying(self._cycle, r)
             except _Stopped:
                 return
+            except _Missing as err:
+                self._wait_missing(r, err)
             except Exception:  # never let the thread die; tenacity re-raised something odd
                 log.exception("%s: list+watch loop failed", r.name)
                 self._stop.wait(self.backoff_max)
 
     def _sleep(self, seconds: float) -> None:
         self._stop.wait(seconds)
+
+    def _wait_missing(self, r: _Resource, err: _Missing) -> None:
+        """An optional resource the server or the role lacks: say so once, ask again later."""
+        if not r.missing:
+            r.missing = True
+            if err.status == 404:
+                log.info(
+                    "%s: not served by this API server (%s): %s; asking again every %.0fs",
+                    r.name,
+                    err,
+                    r.without,
+                    self.missing_retry,
+                )
+            else:
+                log.warning(
+                    "%s: not allowed (%s): %s; grant list and watch on it (asking again every"
+                    " %.0fs)",
+                    r.name,
+                    err,
+                    r.without,
+                    self.missing_retry,
+                )
+        self._stop.wait(self.missing_retry)
 
     def _log_retry(self, r: _Resource, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
@@ -740,6 +797,9 @@ class KubeApiSource:
         items, rv = self._list(r)
         self._replace(r, items, rv)
         r.last_error = ""
+        if r.missing:
+            r.missing = False
+            log.info("%s: served now (%d objects)", r.name, len(items))
         while not self._stop.is_set():
             if self.config_sync_period > 0:
                 left = r.last_list + self.config_sync_period - time.monotonic()
@@ -800,6 +860,8 @@ class KubeApiSource:
                     items.clear()
                     token, paged = "", False
                     continue
+                if err.status in (403, 404) and not r.required:
+                    raise _Missing(err.status, _describe(err)) from err
                 raise
             try:
                 body = json.loads(resp.data)
@@ -839,7 +901,8 @@ class KubeApiSource:
         if not r.synced.is_set():
             r.synced.set()
             log.info("%s: initial list complete (%d objects)", r.name, len(items))
-            if all(x.synced.is_set() for x in self._resources.values()):
+            required = [x for x in self._resources.values() if x.required]
+            if not self._synced.is_set() and all(x.synced.is_set() for x in required):
                 if not self._resources[NODES].known:
                     log.warning(
                         "node %s not found: rules are programmed without its zone and pod CIDR",
@@ -915,6 +978,8 @@ class KubeApiSource:
             self.cluster.set_service(obj)
         elif r.name == ENDPOINTSLICES:
             self.cluster.set_endpoint_slice(obj)
+        elif r.name == SERVICECIDRS:
+            self.cluster.set_service_cidr(obj)
         else:
             self._node_seen = True
             self.cluster.set_node(obj)
@@ -926,6 +991,8 @@ class KubeApiSource:
             self.cluster.delete_service(ns, name)
         elif r.name == ENDPOINTSLICES:
             self.cluster.delete_endpoint_slice(ns, name)
+        elif r.name == SERVICECIDRS:
+            self.cluster.delete_service_cidr(name)
         else:
             # Upstream keeps the last node state too; health reports the node as going away.
             log.warning("node %s was deleted; keeping its last labels and pod CIDRs", name)

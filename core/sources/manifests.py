@@ -1,8 +1,8 @@
 """Cluster state from a folder (or file) of YAML/JSON manifests: the embedded default source.
 
-Services, EndpointSlices and Nodes (also inside ``kind: List``), multi-document files allowed;
-other kinds are ignored. The folder is polled for changes, and only the difference to what was
-loaded before is fed to the trackers, exactly as watch events would be.
+Services, EndpointSlices, Nodes and ServiceCIDRs (also inside ``kind: List``), multi-document
+files allowed; other kinds are ignored. The folder is polled for changes, and only the difference
+to what was loaded before is fed to the trackers, exactly as watch events would be.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from kubeplex.core.cluster import ClusterState
 
 log = logging.getLogger(__name__)
 
-KINDS = ("Service", "EndpointSlice", "Node")
+KINDS = ("Service", "EndpointSlice", "Node", "ServiceCIDR")
+#: Kinds without a namespace.
+CLUSTER_SCOPED = ("Node", "ServiceCIDR")
 # libyaml's parser where PyYAML was built with it: an order of magnitude faster on big folders.
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -54,7 +56,7 @@ def _identity(obj: Mapping[str, Any]) -> tuple[str, str, str] | None:
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
         return None
-    ns = "" if obj.get("kind") == "Node" else str(meta.get("namespace", "default"))
+    ns = "" if obj.get("kind") in CLUSTER_SCOPED else str(meta.get("namespace", "default"))
     return (str(obj.get("kind")), ns, meta["name"])
 
 
@@ -160,6 +162,8 @@ class ManifestSource:
                 self.cluster.delete_service(ns, name)
             elif kind == "EndpointSlice":
                 self.cluster.delete_endpoint_slice(ns, name)
+            elif kind == "ServiceCIDR":
+                self.cluster.delete_service_cidr(name)
             changed = True
         self._loaded = desired
         for problem in self.problems:
@@ -171,6 +175,8 @@ class ManifestSource:
             self.cluster.set_service(obj, origin=str(file))
         elif kind == "EndpointSlice":
             self.cluster.set_endpoint_slice(obj, origin=str(file))
+        elif kind == "ServiceCIDR":
+            self.cluster.set_service_cidr(obj, origin=str(file))
         else:
             self.cluster.set_node(obj, origin=str(file))
 

@@ -12,6 +12,7 @@ from .server import (
     EVENTS,
     EVENTS_V1,
     NODES,
+    SERVICECIDRS,
     SERVICES,
     ApiError,
     FakeApiServer,
@@ -22,7 +23,8 @@ from .server import (
     parse_label_selector,
 )
 
-# The RBAC a kube-proxy needs (system:node-proxier + event recording), as authorizer pairs.
+# The RBAC a kube-proxy needs (system:node-proxier + event recording), as authorizer pairs;
+# list/watch servicecidrs as upstream grants them with MultiCIDRServiceAllocator (GA in 1.33).
 KUBE_PROXY_PERMISSIONS: frozenset[tuple[str, str]] = frozenset(
     {
         ("list", "services"),
@@ -32,6 +34,8 @@ KUBE_PROXY_PERMISSIONS: frozenset[tuple[str, str]] = frozenset(
         ("list", "nodes"),
         ("watch", "nodes"),
         ("get", "nodes"),
+        ("list", "servicecidrs"),
+        ("watch", "servicecidrs"),
         ("create", "events"),
         ("patch", "events"),
         ("update", "events"),
@@ -56,6 +60,7 @@ __all__ = [
     "EVENTS_V1",
     "KUBE_PROXY_PERMISSIONS",
     "NODES",
+    "SERVICECIDRS",
     "SERVICES",
     "ApiError",
     "FakeApiServer",

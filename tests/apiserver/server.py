@@ -180,7 +180,23 @@ EVENTS_V1 = ResourceType(
     short_names=("ev",),
     allow_create_on_update=True,
 )
-DEFAULT_RESOURCES: tuple[ResourceType, ...] = (SERVICES, NODES, ENDPOINTSLICES, EVENTS, EVENTS_V1)
+SERVICECIDRS = ResourceType(
+    group="networking.k8s.io",
+    version="v1",
+    plural="servicecidrs",
+    singular="servicecidr",
+    kind="ServiceCIDR",
+    namespaced=False,
+    status_subresource=True,
+)
+DEFAULT_RESOURCES: tuple[ResourceType, ...] = (
+    SERVICES,
+    NODES,
+    ENDPOINTSLICES,
+    SERVICECIDRS,
+    EVENTS,
+    EVENTS_V1,
+)
 
 _FIELD_ALIASES = {"source": "source.component"}
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
