@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import NODE, Netns, cluster, config, kubeplex_cmd, timed
+from common import NODE, Netns, cluster, config, installed_env, kubeplex_cmd, timed
 
 from kubeplex.backends.iptables import IptablesBackend
 from kubeplex.core.backend import BackendContext
@@ -60,6 +60,7 @@ def bench_size(n: int, repeat: int, work: Path, floor_max: int) -> dict[str, flo
     floors: list[float] = []
     runs: list[float] = []
     rss_kb = 0
+    env = installed_env()
     for _ in range(repeat):
         # One iptables-restore input of 10,000 Services takes tens of minutes here.
         if n <= floor_max:
@@ -83,6 +84,7 @@ def bench_size(n: int, repeat: int, work: Path, floor_max: int) -> dict[str, flo
                 capture_output=True,
                 text=True,
                 check=True,
+                env=env,
             )
             runs.append(time.perf_counter() - start)
             rss_kb = max(rss_kb, int(proc.stderr.strip().splitlines()[-1]))

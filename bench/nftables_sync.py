@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import NODE, Netns, cluster, config, kubeplex_cmd, timed
+from common import NODE, Netns, cluster, config, installed_env, kubeplex_cmd, timed
 
 from kubeplex.backends.nftables import NftablesBackend, names, netlink
 from kubeplex.backends.nftables.kernel import NftKernel
@@ -57,6 +57,15 @@ def netlink_ms(link: netlink.NftNetlink, text: str, undo: str, count: int = 5) -
         times.append(time.perf_counter() - t0)
         link.apply(back)
     return statistics.median(times) * 1000
+
+
+def listing(ns: str) -> str:
+    return subprocess.run(
+        ["ip", "netns", "exec", ns, "nft", "list", "table", "ip", names.TABLE],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
 def kernel_floors(ns: str, service_chain: str) -> dict[str, float]:
@@ -109,9 +118,12 @@ def bench_size(n: int, repeat: int, work: Path, slow_max: int) -> dict[str, Any]
     floors: list[float] = []
     runs: list[float] = []
     rss_kb = 0
+    env = installed_env()
+    listings: set[str] = set()
     for _ in range(loads):
         with Netns() as ns:
             floors.append(timed(["ip", "netns", "exec", ns, "nft", "-f", "-"], table))
+            listings.add(listing(ns))
         with Netns() as ns:
             argv = ["run", "--config", str(config), "--manifests", str(folder), "--once"]
             start = time.perf_counter()
@@ -120,9 +132,13 @@ def bench_size(n: int, repeat: int, work: Path, slow_max: int) -> dict[str, Any]
                 capture_output=True,
                 text=True,
                 check=True,
+                env=env,
             )
             runs.append(time.perf_counter() - start)
             rss_kb = max(rss_kb, int(proc.stderr.strip().splitlines()[-1]))
+            listings.add(listing(ns))
+    # The run wrote the very table the floor loaded (nft lists both the same).
+    assert len(listings) == 1, "run --once and nft -f wrote different tables"
 
     # Partial syncs: program a namespace in-process, then change one endpoint of one Service.
     with Netns() as ns:

@@ -2049,6 +2049,50 @@ def test_netlink_encodes_full_syncs_as_nft_does(golden: Path, netns: str) -> Non
     assert _element_runs_sorted(mine) == _element_runs_sorted(nfts)
 
 
+def test_a_staged_first_load_over_netlink_gives_nfts_table(
+    netns: str, netns2: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first sync in stages (pipelined, anonymous maps named by kubeplex) leaves the table one
+    nft transaction writes; later syncs that add anonymous maps (numbered by the kernel around
+    those names) keep it so."""
+    import kubeplex.backends.nftables as backend_module
+    from kubeplex.backends.nftables.kernel import NftKernel
+
+    objects = many_services(30, 3)
+    objects.append(web_service(30, [port()], sessionAffinity="ClientIP"))
+    objects.append(endpoint_slice("ns30", "web", [ep("10.0.30.1", NODE), ep("10.0.30.2", "n2")]))
+    monkeypatch.setattr(backend_module, "STAGE_LINES", 50)
+    monkeypatch.setattr(backend_module, "STAGE_MIN_LINES", 0)
+    h = kernel_harness(objects, netns)
+    transactions: list[str] = []
+    kernel = h.backend._kernel
+    assert isinstance(kernel, NftKernel)
+    real_run_netlink = kernel._run_netlink
+    monkeypatch.setattr(
+        kernel, "_run_netlink", lambda m: transactions.append("x") or real_run_netlink(m)
+    )
+    assert h.sync().full and len(transactions) > 5 and kernel.last_path == "netlink"
+
+    def same_as_nft() -> None:
+        fresh = kernel_harness([], netns2)
+        fresh.cluster = h.cluster
+        fresh.backend._kernel.use_netlink = False  # type: ignore[attr-defined]
+        fresh.backend._kernel.run("flush ruleset\n")  # type: ignore[attr-defined]
+        monkeypatch.setattr(backend_module, "STAGE_MIN_LINES", 10**9)
+        fresh.sync(full=True)
+        monkeypatch.setattr(backend_module, "STAGE_MIN_LINES", 0)
+        for fam in ("ip", "ip6"):
+            assert kernel_table(netns2, fam) == kernel_table(netns, fam), fam
+
+    same_as_nft()
+    for i in (3, 17, 30):
+        h.feed(
+            [endpoint_slice(f"ns{i}", "web", [ep(f"10.0.{i}.9", NODE), ep(f"10.0.{i}.8", "n2")])]
+        )
+        assert not h.sync().full
+    same_as_nft()
+
+
 def test_netlink_failure_leaves_the_table_and_forces_a_full_sync(netns: str) -> None:
     import subprocess
 

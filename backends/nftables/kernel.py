@@ -85,15 +85,19 @@ class NftKernel:
         execer.run([self.nft_cmd, "-f", "-"], self.netns, input=text, timeout=timeout)
 
     def run_stages(self, texts: Sequence[str]) -> None:
-        """Apply several transactions in order, stopping at the first one refused
-        (BackendError). Over netlink, each one is encoded while the kernel commits the one
-        before: the socket's send releases the GIL, and the kernel commits inside it."""
+        """The first load of tables created empty, as several transactions in order,
+        stopping at the first one refused (BackendError). Over netlink, each one is encoded
+        while the kernel commits the one before (the socket's send releases the GIL, and the
+        kernel commits inside it), and anonymous maps are named here, not by the kernel."""
         if not (self.use_netlink and self.nft_cmd == NFT):
             for text in texts:
                 self.run(text)
             return
         failed: list[BaseException] = []
         sender: threading.Thread | None = None
+        # Anonymous maps named here (a first load): only while no stage went through nft,
+        # whose maps the kernel numbers (it would pick the names this counter is yet to give).
+        anonymous_names: dict[int, int] | None = {}
 
         def send(text: str, messages: list[netlink.Message] | None) -> None:
             try:
@@ -103,7 +107,9 @@ class NftKernel:
                 failed.append(err)
 
         for text in texts:
-            messages = self._compile(text)
+            messages = self._compile(text, anonymous_names)
+            if messages is None:
+                anonymous_names = None
             if sender is not None:
                 sender.join()
             if failed:
@@ -116,9 +122,11 @@ class NftKernel:
             raise failed[0]
 
     @staticmethod
-    def _compile(text: str) -> list[netlink.Message] | None:
+    def _compile(
+        text: str, anonymous_names: dict[int, int] | None = None
+    ) -> list[netlink.Message] | None:
         try:
-            return netlink.compile_transaction(text)
+            return netlink.compile_transaction(text, anonymous_names)
         except netlink.Unsupported as err:
             log.debug("nftables transaction through nft (not encoded here: %s)", err)
             return None
