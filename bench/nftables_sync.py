@@ -3,8 +3,9 @@
 Prints, for each size, in one run (root; everything happens in throw-away network namespaces):
 * floor: `nft -f` alone loading the same table (kubeplex's first transaction) into an empty
   namespace;
-* `kubeplex run --once --proxy-mode nftables` as a whole (process start, manifest load,
-  render, listing, nft -f), and its ratio to the floor (target <= 1.25 at 1,000 Services);
+* `kubeplex run --once --proxy-mode nftables` as a whole (process start with compiled bytecode,
+  manifest load, render, listing, the transactions over netlink), and its ratio to the floor
+  (target <= 1.25 at 1,000 Services); nft must list the same table after both;
 * in-process full render time (target < 1 s at 10,000), and a one-endpoint partial sync (render
   + transaction, median of several; target < 30 ms), with the render's share and which path
   the transaction took (netlink, or nft -f);

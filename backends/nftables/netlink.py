@@ -385,7 +385,7 @@ class _Batch:
         return self.named_sets + self.next_anonymous_id
 
 
-_TABLE_SPEC = re.compile(r'^\{ comment "([^"\\]*)" ; \}$')
+_COMMENT_SPEC = re.compile(r'^\{ comment "([^"\\]*)" ; \}$')
 _BASE_CHAIN_SPEC = re.compile(r"^\{ type (filter|nat) hook (\w+) priority (-?\d+) ; \}$")
 _SET_SPEC = re.compile(
     r"^\{ type (ipv4_addr|ipv6_addr) ; flags dynamic,timeout ; timeout (\d+)s ; \}$"
@@ -478,7 +478,7 @@ def _command(batch: _Batch, line: str) -> None:
 
 
 def _table(batch: _Batch, family: int, line: str, verb: str, name: str, rest: list[str]) -> None:
-    spec = _TABLE_SPEC.match(rest[0]) if rest else None
+    spec = _COMMENT_SPEC.match(rest[0]) if rest else None
     if verb != "add" or (rest and spec is None):
         raise Unsupported(line)
     udata = _attr(6, _comment_udata(spec.group(1))) if spec else b""
@@ -495,7 +495,7 @@ def _chain_spec(rest: str) -> list[bytes]:
         if hook not in HOOKS:
             raise Unsupported(rest)
         return [_str(7, kind), _nest(4, _u32(1, HOOKS[hook]), _u32(2, int(priority)))]
-    if comment := _TABLE_SPEC.match(rest):
+    if comment := _COMMENT_SPEC.match(rest):
         return [_attr(12, _comment_udata(comment.group(1)))]
     raise Unsupported(rest)
 
