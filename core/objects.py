@@ -279,7 +279,9 @@ def parse_service(obj: Mapping[str, Any]) -> ServiceObject:
             f.fail("spec.clusterIPs", "must hold at most one address per IP family")
 
     ports: list[PortSpec] = []
-    seen: set[tuple[str, Protocol, int]] = set()
+    # As the API server: port names are unique, and so are (port, protocol) pairs.
+    seen_names: set[str] = set()
+    seen: set[tuple[Protocol, int]] = set()
     raw_ports = f.seq(spec.get("ports"), "spec.ports")
     for i, raw in enumerate(raw_ports):
         path = f"spec.ports[{i}]"
@@ -296,9 +298,12 @@ def parse_service(obj: Mapping[str, Any]) -> ServiceObject:
         node_port = f.integer(p.get("nodePort"), f"{path}.nodePort", 0, 65535)
         if node_port and svc_type not in ("NodePort", "LoadBalancer"):
             f.fail(f"{path}.nodePort", f"may not be set when type is {svc_type}")
-        if (pname, proto, port) in seen:
-            f.fail(path, f"duplicate port {pname or port}/{proto}")
-        seen.add((pname, proto, port))
+        if pname and pname in seen_names:
+            f.fail(f"{path}.name", f"duplicate name {_show(pname)}")
+        elif (proto, port) in seen:
+            f.fail(path, f"duplicate port {port}/{proto}")
+        seen_names.add(pname)
+        seen.add((proto, port))
         ports.append(PortSpec(pname, proto, port, node_port))
 
     external_ips = tuple(
@@ -389,12 +394,14 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSliceObject:
     for i, raw in enumerate(f.seq(obj.get("ports"), "ports")):
         path = f"ports[{i}]"
         p = f.mapping(raw, path)
+        if p.get("port") is None:
+            # Valid in the API ("all ports", which kube-proxy cannot express): upstream ignores
+            # such a port and keeps the slice's others.
+            continue
         pname = f.string(p.get("name"), f"{path}.name")
         if pname and (len(pname) > 15 or not _PORT_NAME.match(pname)):
             f.fail(f"{path}.name", f"must be an IANA service name, got {_show(pname)}")
         port = f.integer(p.get("port"), f"{path}.port", 1, 65535)
-        if p.get("port") is None:
-            f.fail(f"{path}.port", "required")
         ports.append(SlicePort(pname, f.protocol(p.get("protocol"), f"{path}.protocol"), port))
     endpoints: list[SliceEndpoint] = []
     for i, raw in enumerate(f.seq(obj.get("endpoints"), "endpoints")):
@@ -546,13 +553,17 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
     )
     pod_cidrs = tuple(f.cidr(c, f"spec.podCIDRs[{i}]") for i, c in enumerate(raw_cidrs))
     status = f.mapping(obj.get("status"), "status")
-    addresses: list[str] = []
+    # InternalIPs first, then ExternalIPs, each in the listed order: the node's IP of a family
+    # is the first of these (upstream's GetNodeHostIPs).
+    by_type: dict[str, list[str]] = {"InternalIP": [], "ExternalIP": []}
     for i, raw in enumerate(f.seq(status.get("addresses"), "status.addresses")):
         a = f.mapping(raw, f"status.addresses[{i}]")
-        if a.get("type") in ("InternalIP", "ExternalIP"):
+        kind = a.get("type")
+        if kind in by_type:
             ip = f.ip(a.get("address"), f"status.addresses[{i}].address")
-            if ip and ip not in addresses:
-                addresses.append(ip)
+            if ip:
+                by_type[kind].append(ip)
+    addresses = list(dict.fromkeys(by_type["InternalIP"] + by_type["ExternalIP"]))
     if f.errors:
         raise InvalidObject(_describe("Node", obj), f.errors)
     return NodeInfo(

@@ -458,9 +458,14 @@ BAD_SERVICES: list[tuple[str, dict[str, Any], str]] = [
         "spec.ports[1].name: required when a Service has more than one port",
     ),
     (
-        "duplicate-port",
-        service({"ports": [{"name": "a", "port": 80}, {"name": "a", "port": 80}]}),
-        "Service prod/web: spec.ports[1]: duplicate port a/TCP",
+        "duplicate-port-name",
+        service({"ports": [{"name": "a", "port": 80}, {"name": "a", "port": 81}]}),
+        'Service prod/web: spec.ports[1].name: duplicate name "a"',
+    ),
+    (
+        "duplicate-port-number",
+        service({"ports": [{"name": "a", "port": 80}, {"name": "b", "port": 80}]}),
+        "Service prod/web: spec.ports[1]: duplicate port 80/TCP",
     ),
     (
         "affinity-unknown",
@@ -789,6 +794,22 @@ def test_node_single_pod_cidr_and_deletion() -> None:
     assert info.deleting
 
 
+def test_node_ip_of_a_family_is_its_first_internal_ip() -> None:
+    """Upstream's GetNodeHostIPs: InternalIPs before ExternalIPs, whatever the listed order."""
+    addresses = [
+        {"type": "ExternalIP", "address": "203.0.113.7"},
+        {"type": "ExternalIP", "address": "2001:db8::7"},
+        {"type": "InternalIP", "address": "192.168.1.10"},
+        {"type": "InternalIP", "address": "192.168.1.11"},
+        {"type": "ExternalIP", "address": "192.168.1.10"},
+    ]
+    info = parse_node(node(status={"addresses": addresses}))
+    assert info.addresses == ("192.168.1.10", "192.168.1.11", "203.0.113.7", "2001:db8::7")
+    assert info.addresses_of(IPFamily.IPv4)[0] == "192.168.1.10"
+    # No InternalIP of a family: its first ExternalIP.
+    assert info.addresses_of(IPFamily.IPv6) == ("2001:db8::7",)
+
+
 def test_node_hostname_address_is_not_validated_as_ip() -> None:
     info = parse_node(node(status={"addresses": [{"type": "Hostname", "address": "x y"}]}))
     assert info.addresses == ()
@@ -969,6 +990,16 @@ _ENDPOINT_VARIANTS: list[Any] = [
     None,
     "10.0.0.1",
 ]
+
+
+def test_a_slice_port_without_a_number_is_ignored_not_the_slice() -> None:
+    """The API allows a port without a number (meaning every port); upstream skips that port
+    and serves the slice's other ports."""
+    es = parse_endpoint_slice(
+        endpoint_slice(ports=[{"name": "all", "protocol": "TCP"}, {"name": "web", "port": 81}])
+    )
+    assert [(p.name, p.port) for p in es.ports] == [("web", 81)]
+    assert es.endpoints
 
 
 @pytest.mark.parametrize("address_type", ["IPv4", "IPv6"])
