@@ -87,6 +87,31 @@ def parser() -> argparse.ArgumentParser:
     cleanup = sub.add_parser("cleanup", help="remove every rule the selected mode programmed")
     _common(cleanup)
 
+    sysctl = sub.add_parser(
+        "sysctls",
+        help="write the conntrack sysctls of a configuration, and more, then exit",
+        description="Write the conntrack sysctls `run` would write for this configuration (for "
+        "this node's CPUs), then each --set; a key is written only if it differs. Used by the "
+        "Helm chart's privileged init container.",
+    )
+    sysctl.add_argument("--config", type=Path, required=True, help="KubeProxyConfiguration file")
+    sysctl.add_argument(
+        "--set",
+        type=sysctl_assignment,
+        action="append",
+        default=[],
+        dest="sysctls",
+        metavar="NAME=VALUE",
+        help="one more integer sysctl, e.g. net.ipv4.ip_forward=1 (repeatable)",
+    )
+    sysctl.add_argument(
+        "--netns", help="write the keys of this network namespace (a name in /run/netns or a path)"
+    )
+    sysctl.add_argument(
+        "-v", "--v", type=int, default=0, dest="verbosity", help="log verbosity (0-5)"
+    )
+    add_plugins_option(sysctl)
+
     sub.add_parser("version", help="print the version")
 
     from kubeplex.core import backends_cmd, lab  # the lab pulls in the test-lab helpers
@@ -140,6 +165,47 @@ def cmd_render(args: argparse.Namespace) -> int:
     with collector_paused():  # as the daemon renders
         sys.stdout.write(str(backend.render(state)))
     return EXIT_CONFIG if source.problems or cluster.invalid else EXIT_OK
+
+
+def sysctl_assignment(text: str) -> tuple[str, int]:
+    """``--set NAME=VALUE``: the key under /proc/sys and the integer value.
+
+    NAME is dotted as sysctl(8) takes it, a slash standing for a dot inside one part
+    (``net.ipv4.conf.eth0/100.rp_filter`` is ``net/ipv4/conf/eth0.100/rp_filter``).
+    """
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    parts = [part.replace("/", ".") for part in name.split(".")]
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE")
+    if len(parts) < 2 or any(p in ("", ".", "..") or "\0" in p for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: {name!r} is not a sysctl name")
+    try:
+        number = int(value.strip(), 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the value must be an integer, got {value!r}"
+        ) from None
+    return "/".join(parts), number
+
+
+def cmd_sysctls(args: argparse.Namespace) -> int:
+    # Imported here: only this command and the daemon's operations write sysctls.
+    from kubeplex.core import sysctls
+
+    cfg = load_config(args.config, known_modes=plugins.known_modes())
+    settings = sysctls.conntrack_settings(cfg.conntrack)
+    settings += [sysctls.SysctlSetting(key, value, "--set") for key, value in args.sysctls]
+    try:
+        report = sysctls.write_sysctls(settings, netns=args.netns)
+    except OSError as err:  # only when the namespace cannot be entered: nothing was written
+        raise KubeplexError(f"cannot enter network namespace {args.netns}: {err}") from err
+    for name, before, after in report.changed:
+        print(f"set {name} = {after} (was {before})")
+    for name, why in report.skipped:
+        log.warning("left %s alone: %s", name, why)
+    report.raise_for_errors()
+    return EXIT_OK
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
@@ -273,6 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_cleanup(args)
         if args.command == "run":
             return cmd_run(args)
+        if args.command == "sysctls":
+            return cmd_sysctls(args)
         return int(args.handler(args))
     except InvalidObject as err:
         print(f"kubeplex: invalid configuration: {err}", file=sys.stderr)

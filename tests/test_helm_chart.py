@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kubeplex.core import sysctls
+from kubeplex.core import cli, sysctls
 from kubeplex.core.config import DEFAULT_KNOWN_MODES, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -510,6 +509,8 @@ def init_container(chart: helm.Chart, values: dict[str, Any]) -> dict[str, Any] 
     (init,) = spec["initContainers"]
     assert init["name"] == "sysctls"
     assert init["image"] == container(objects)["image"]
+    # The image's kubeplex entry, as the proxy runs it: no inline program.
+    assert init["command"] == container(objects)["command"]
     assert init["securityContext"] == {"privileged": True}
     assert init["volumeMounts"] == [
         {"name": "config", "mountPath": str(Path(CONFIG_PATH).parent), "readOnly": True}
@@ -517,19 +518,27 @@ def init_container(chart: helm.Chart, values: dict[str, Any]) -> dict[str, Any] 
     return dict(init)
 
 
+def set_arguments(init: dict[str, Any]) -> list[str]:
+    """The "NAME=VALUE" of each ``--set`` the init container passes to ``kubeplex sysctls``."""
+    args: list[str] = init["args"]
+    assert args[:2] == ["sysctls", f"--config={CONFIG_PATH}"]
+    assert all(arg.startswith("--set=") for arg in args[2:]), args
+    return [arg.removeprefix("--set=") for arg in args[2:]]
+
+
 def run_init_container(
     chart: helm.Chart,
     values: dict[str, Any],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> tuple[list[str], Path]:
-    """Run the init container's program as the container would, with the rendered
-    configuration, against a fake /proc/sys; returns its "key=value" arguments and that tree."""
+    """Run the init container's command line through kubeplex's own ``main``, with the
+    rendered configuration, against a fake /proc/sys; returns its "key=value" arguments and
+    that tree."""
     init = init_container(chart, values)
     assert init is not None
-    assert init["command"][:2] == ["python3", "-c"]
-    script, config_arg, *settings = init["command"][2:]
-    assert config_arg == CONFIG_PATH
+    settings = set_arguments(init)
     config_file = tmp_path / "config.conf"
     config_file.write_text(config_text(render(chart, values)))
     cfg = parse_config(config_file.read_text(), "configmap", known_modes=DEFAULT_KNOWN_MODES)
@@ -541,12 +550,24 @@ def run_init_container(
         (proc_sys / key).write_text("0\n")
     write = sysctls.write_sysctls
 
-    def fake_write(settings: list[sysctls.SysctlSetting]) -> sysctls.SysctlReport:
+    def fake_write(
+        settings: list[sysctls.SysctlSetting], *, netns: str | None = None
+    ) -> sysctls.SysctlReport:
+        assert netns is None
         return write(settings, proc_sys=proc_sys, hashsize=None)
 
     monkeypatch.setattr(sysctls, "write_sysctls", fake_write)
-    monkeypatch.setattr(sys, "argv", ["-c", str(config_file), *settings])
-    exec(compile(script, "sysctlInit", "exec"), {"__name__": "__main__"})
+    # The ConfigMap is mounted at CONFIG_PATH in the container; here it is config_file.
+    args = [
+        f"--config={config_file}" if a == f"--config={CONFIG_PATH}" else a for a in init["args"]
+    ]
+    capsys.readouterr()
+    assert cli.main(args) == cli.EXIT_OK
+    # Every key differed (all were 0), so each is reported once, in order.
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        f"set {key.replace('/', '.')} = {read_sysctl(proc_sys, key)} (was 0)" for key in keys
+    ]
     # The proxy, computing the same conntrack settings, finds nothing left to write.
     again = write(sysctls.conntrack_settings(cfg.conntrack), proc_sys=proc_sys, hashsize=None)
     assert again.changed == [] and again.errors == []
@@ -554,13 +575,17 @@ def run_init_container(
 
 
 def read_sysctl(proc_sys: Path, name: str) -> int:
+    """The value of a dotted name (or of a key with slashes) in the fake /proc/sys."""
     return int((proc_sys / name.replace(".", "/")).read_text())
 
 
 def test_sysctl_init_container_sets_what_the_proxy_would(
-    chart: helm.Chart, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    chart: helm.Chart,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    settings, proc_sys = run_init_container(chart, {}, tmp_path, monkeypatch)
+    settings, proc_sys = run_init_container(chart, {}, tmp_path, monkeypatch, capsys)
     assert settings == ["net.ipv4.conf.all.route_localnet=1"]
     cpus = sysctls.detect_cpus()
     assert read_sysctl(proc_sys, "net.netfilter.nf_conntrack_max") == max(32768 * cpus, 131072)
@@ -570,14 +595,17 @@ def test_sysctl_init_container_sets_what_the_proxy_would(
 
 
 def test_sysctl_init_container_follows_the_values(
-    chart: helm.Chart, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    chart: helm.Chart,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     values = {
         "mode": "nftables",
         "config": {"conntrack": {"maxPerCore": 0, "tcpBeLiberal": True, "udpTimeout": "1m"}},
         "sysctlInit": {"extraSysctls": {"net.ipv4.ip_forward": 1}},
     }
-    settings, proc_sys = run_init_container(chart, values, tmp_path, monkeypatch)
+    settings, proc_sys = run_init_container(chart, values, tmp_path, monkeypatch, capsys)
     assert settings == ["net.ipv4.ip_forward=1"]  # no route_localnet outside iptables mode
     assert not (proc_sys / "net/netfilter/nf_conntrack_max").exists()  # maxPerCore 0: untouched
     assert read_sysctl(proc_sys, "net.netfilter.nf_conntrack_tcp_be_liberal") == 1
@@ -588,12 +616,24 @@ def test_sysctl_init_container_follows_the_values(
 def test_sysctl_init_container_is_only_there_when_needed(chart: helm.Chart) -> None:
     def settings(values: dict[str, Any]) -> list[str] | None:
         init = init_container(chart, values)
-        return None if init is None else list(init["command"][4:])
+        return None if init is None else set_arguments(init)
 
     assert settings({"config": {"iptables": {"localhostNodePorts": False}}}) == []
     assert settings({"sysctlInit": {"enabled": False}}) is None
     assert settings({"securityContext": {"privileged": True}}) is None  # the proxy does it
     assert settings({"mode": "kernelspace"}) is None
+
+
+def test_sysctl_init_container_runs_the_configured_command(chart: helm.Chart) -> None:
+    command = ["python3", "-m", "kubeplex.core.cli"]
+    init = init_container(chart, {**EVERYTHING, "command": command})
+    assert init is not None
+    assert init["command"] == command
+    assert set_arguments(init) == ["net.ipv4.conf.all.route_localnet=1", "net.ipv4.ip_forward=1"]
+    # The proxy's extraArgs and verbosity are not passed on: `run` flags, not `sysctls` ones.
+    args = cli.parser().parse_args(init["args"])
+    assert (args.command, args.config, args.netns) == ("sysctls", Path(CONFIG_PATH), None)
+    assert args.sysctls == [("net/ipv4/conf/all/route_localnet", 1), ("net/ipv4/ip_forward", 1)]
 
 
 def test_kernelspace_is_a_windows_host_process(chart: helm.Chart) -> None:

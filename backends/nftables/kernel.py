@@ -1,14 +1,15 @@
 """The nftables backend's side-effect seam: every transaction straight over netlink, or through
 ``nft -f -`` (core.execer, in the netns) when it holds a command the encoder does not know.
 
-Every sync is one transaction: one batch, committed atomically or not at all. ``netlink``
-encodes what the renderer writes (the table, base chains, sets and maps, every rule of the
-fixed chains and of services, elements, flushes, deletions) as the very messages nft would
-send, and skips nft's parser (a third of a first sync's time) and its cache fetch (O(chains^2)
-per call). What it does not encode (a set of several source ranges, for one) goes to nft. Only
-on a full sync are object names listed, with ``nft -t list chains/sets/maps`` (chain headers
-without rules, sets without elements: a fraction of ``list table``), to find leftovers of
-earlier runs and chains gone missing.
+Every sync is one transaction: one batch, committed atomically or not at all (but the first
+load of tables created empty, which ``run_stages`` commits in pieces no packet reaches before
+the last). ``netlink`` encodes what the renderer writes (the table, base chains, sets and
+maps, every rule of the fixed chains and of services, elements, flushes, deletions) as the very
+messages nft would send, and skips nft's parser (a third of a first sync's time) and its cache
+fetch (O(chains^2) per call). What it does not encode (a set of several source ranges, for one)
+goes to nft. Only on a full sync are object names listed, with ``nft -t list chains/sets/maps``
+(chain headers without rules, sets without elements: a fraction of ``list table``), to find
+leftovers of earlier runs and chains gone missing.
 """
 
 from __future__ import annotations

@@ -102,7 +102,10 @@ rest; the bind addresses are always written, since the DaemonSet's ports and pro
 {{- toJson (uniq $caps) }}
 {{- end }}
 
-{{/* The sysctls the init container sets besides the conntrack ones, as a "key=value" list. */}}
+{{/*
+The sysctls the init container sets besides the conntrack ones, as a "key=value" list: each is
+passed to `kubeplex sysctls` as a --set argument.
+*/}}
 {{- define "kubeplex.sysctls" -}}
 {{- $sysctls := dict }}
 {{- if eq .Values.mode "iptables" }}
@@ -122,24 +125,4 @@ rest; the bind addresses are always written, since the DaemonSet's ports and pro
 {{- $out = append $out (printf "%s=%s" $key (get $sysctls $key)) }}
 {{- end }}
 {{- toJson $out }}
-{{- end }}
-
-{{/*
-The init container's program: it writes what `kubeplex run` would write itself, with kubeplex's
-own code (the conntrack sysctls of the configuration, computed for this node's CPUs), plus the
-sysctls given as "key=value" arguments. Each key is written only if it differs, so the proxy,
-not privileged, then finds nothing left to write in a /proc/sys it cannot write to.
-*/}}
-{{- define "kubeplex.sysctlScript" -}}
-import sys
-from kubeplex.core.config import load_config
-from kubeplex.core.sysctls import SysctlSetting, conntrack_settings, write_sysctls
-settings = conntrack_settings(load_config(sys.argv[1]).conntrack)
-for arg in sys.argv[2:]:
-    name, _, value = arg.partition("=")
-    settings.append(SysctlSetting(name.replace(".", "/"), int(value), "sysctlInit"))
-report = write_sysctls(settings)
-for name, before, after in report.changed:
-    print(f"set {name} = {after} (was {before})")
-report.raise_for_errors()
 {{- end }}
