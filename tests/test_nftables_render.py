@@ -2093,6 +2093,43 @@ def test_a_staged_first_load_over_netlink_gives_nfts_table(
     same_as_nft()
 
 
+def test_an_untrusted_full_sync_over_an_existing_table_gives_nfts_table(
+    netns: str, netns2: str
+) -> None:
+    """After a restart or a failure, the whole table is rewritten in one transaction, in the
+    order that is cheap for the kernel: chains it holds only flushed, a service's own chains
+    before the endpoint chains. The table is the one a single nft transaction writes."""
+    objects = many_services(12, 3)
+    h = kernel_harness(objects, netns)
+    assert h.sync().full
+    h.feed(
+        [
+            endpoint_slice("ns3", "web", [ep("10.0.3.7", NODE), ep("10.0.3.8", "n2")]),
+            web_service(40, [port()], sessionAffinity="ClientIP"),
+            endpoint_slice("ns40", "web", [ep("10.0.40.1", NODE), ep("10.0.40.2", "n2")]),
+        ]
+    )
+    h.cluster.delete_service("ns5", "web")
+    h.backend.invalidate()
+    r = h.sync()
+    assert r.full
+    text = str(r)
+    kept = "endpoint-" + N.cached_base("ns0/web/tcp/p80__10.0.0.1/80")
+    new = "endpoint-" + N.cached_base("ns3/web/tcp/p80__10.0.3.7/80")
+    assert f"flush chain ip kube-proxy {kept}\n" in text
+    assert f"add chain ip kube-proxy {kept}\n" not in text
+    assert f"add chain ip kube-proxy {new}\n" in text
+    first_numgen = text.index(" numgen random ")
+    assert text.index("add rule ip kube-proxy endpoint-") > text.rindex(" numgen random ")
+    assert text.index("add set ip kube-proxy affinity-") < first_numgen
+    fresh = kernel_harness([], netns2)
+    fresh.cluster = h.cluster
+    fresh.backend._kernel.use_netlink = False  # type: ignore[attr-defined]
+    fresh.sync(full=True)
+    for fam in ("ip", "ip6"):
+        assert kernel_table(netns2, fam) == kernel_table(netns, fam), fam
+
+
 def test_netlink_failure_leaves_the_table_and_forces_a_full_sync(netns: str) -> None:
     import subprocess
 
