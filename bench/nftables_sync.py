@@ -12,6 +12,8 @@ Prints, for each size, in one run (root; everything happens in throw-away networ
 * the same one-endpoint transaction through `nft -f` (what it cost before the netlink path:
   nft fetches every chain of the netns first);
 * peak RSS of the `run --once` process (should grow linearly with the cluster);
+* a periodic full sync (the renderer trusts its record of the table), and the rewrite of the
+  whole table after a restart or a failed sync (one transaction);
 * the kernel's floors, over netlink (no nft userspace at all): any commit (one element added to
   a plain set: the commit walks every chain), and one rule or verdict element with a jump or
   goto (the commit then validates the table's whole jump graph).
@@ -179,6 +181,15 @@ def bench_size(n: int, repeat: int, work: Path, slow_max: int) -> dict[str, Any]
         kernel.use_netlink = True
         service_chain = names.SERVICE_PREFIX + names.cached_base("bench/svc-0/tcp/")
         floors_k = kernel_floors(ns, service_chain)
+        # A periodic full sync (the renderer trusts its record), then the whole table rewritten
+        # as after a restart or a failed sync (render, listing and the one transaction).
+        t0 = time.perf_counter()
+        assert proxier.sync(full=True)
+        trusted_full = time.perf_counter() - t0
+        backend.invalidate()
+        t0 = time.perf_counter()
+        assert proxier.sync(full=True)
+        rewrite = time.perf_counter() - t0
     return {
         "services": n,
         "rules": rules,
@@ -191,6 +202,8 @@ def bench_size(n: int, repeat: int, work: Path, slow_max: int) -> dict[str, Any]
         "partial_path": "+".join(sorted(paths)),
         "nft_partial_ms": statistics.median(nft_times) * 1000,
         "peak_rss_mb": rss_kb / 1024,
+        "trusted_full_s": trusted_full,
+        "rewrite_s": rewrite,
         **floors_k,
     }
 
@@ -222,6 +235,8 @@ def main() -> None:
                 f" kernel floors: commit {r['commit_ms']:.1f} ms,"
                 f" jump rule {r['jump_rule_ms']:.1f} ms,"
                 f" goto element {r['goto_element_ms']:.1f} ms)"
+                f" | periodic full sync {r['trusted_full_s']:.2f} s"
+                f" | rewrite of the table (restart) {r['rewrite_s']:.2f} s"
                 f" | peak RSS {r['peak_rss_mb']:.0f} MB",
                 flush=True,
             )
