@@ -580,7 +580,7 @@ def _verdict_words(words: list[str]) -> tuple[int, str]:
 
 def _rule(batch: _Batch, family: int, line: str, t: bytes, chain: str, text: str) -> None:
     udata = b""
-    if '"' in text:
+    if ' comment "' in text:
         c = _COMMENT.match(text)
         if c is None:
             raise Unsupported(line)
