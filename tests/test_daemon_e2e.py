@@ -157,3 +157,104 @@ def test_daemon_follows_the_api_through_watch_drops(tmp_path: Path, netns: str) 
             proc.kill()
             proc.wait()
         srv.stop()
+
+
+def nft_table(ns: str) -> str:
+    return subprocess.run(
+        ["ip", "netns", "exec", ns, "nft", "list", "table", "ip", "kube-proxy"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+
+
+def nft_objects(listing: str) -> dict[str, list[str]]:
+    """A table listing by object (the order of objects and of a set's elements aside: a new
+    process re-creates the base chains, which lists them last)."""
+    objects: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in listing.splitlines():
+        if line.startswith("\t") and not line.startswith("\t\t") and line.endswith("{"):
+            current = objects.setdefault(line.strip(), [])
+        elif line.startswith("\t\t"):
+            # An element listed last has no comma; the first, the "elements = {" prefix.
+            current.append(line.strip().removeprefix("elements = { ").rstrip(",").rstrip(" }"))
+    return {
+        name: lines if name.startswith("chain ") else sorted(lines)
+        for name, lines in objects.items()
+    }
+
+
+def test_nftables_daemon_syncs_periodically_and_restarts_without_a_gap(
+    tmp_path: Path, netns: str
+) -> None:
+    """nftables mode as a daemon: the first sync, periodic full syncs every second, a change
+    from the API (a partial sync), then a restart: the new process rewrites the table it
+    finds in one transaction, and the table is the same as before the restart."""
+    srv = FakeApiServer(authorizer=set(KUBE_PROXY_PERMISSIONS), bookmark_interval=0.5).start()
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for file in ("node.yaml", "web.yaml", "servicecidr.yaml"):
+            for doc in yaml.safe_load_all((LAB / "manifests" / file).read_text()):
+                srv.create(doc["kind"], doc)
+        metrics = free_port()
+        cfg = yaml.safe_load((LAB / "config.yaml").read_text())
+        cfg["mode"] = "nftables"
+        cfg["clientConnection"] = {"kubeconfig": str(srv.write_kubeconfig(tmp_path / "kc"))}
+        cfg["healthzBindAddress"] = f"127.0.0.1:{free_port()}"
+        cfg["metricsBindAddress"] = f"127.0.0.1:{metrics}"
+        cfg["nftables"] = {"minSyncPeriod": "100ms", "syncPeriod": "1s"}
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+        log = (tmp_path / "daemon.log").open("w")
+        argv = [sys.executable, "-m", "kubeplex.core.cli", "run", "--config"]
+        argv += [str(tmp_path / "config.yaml"), "--netns", netns, "-v", "1"]
+
+        def start() -> subprocess.Popen[str]:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
+            procs.append(proc)
+            return proc
+
+        def synced_total() -> int:
+            try:
+                status, text = http_in(netns, metrics, "/metrics")
+            except subprocess.CalledProcessError:
+                return 0  # not listening yet
+            lines = [
+                line
+                for line in text.splitlines()
+                if line.startswith("kubeproxy_sync_proxy_rules_duration_seconds_count")
+            ]
+            return int(float(lines[0].split()[-1])) if status == 200 and lines else 0
+
+        proc = start()
+        chain = "service-PFISGYVC-default/web/tcp/"
+        wait_until(lambda: chain in nft_table(netns), what="the first sync")
+        assert "ip daddr 10.96.0.0/16 drop" in nft_table(netns)  # the lab's ServiceCIDR
+        wait_until(lambda: synced_total() >= 3, what="periodic full syncs")
+
+        # An endpoint change from the API: a partial sync.
+        slice_ = next(
+            doc
+            for doc in yaml.safe_load_all((LAB / "manifests" / "web.yaml").read_text())
+            if doc["kind"] == "EndpointSlice" and doc["metadata"]["name"] == "web-7x2kq"
+        )
+        slice_["endpoints"] = slice_["endpoints"][:1]
+        srv.update("EndpointSlice", slice_)
+        wait_until(lambda: "numgen random mod 1 " in nft_table(netns), what="the endpoint change")
+        before = nft_table(netns)
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert nft_table(netns) == before  # stopping leaves the table in place
+        proc = start()
+        wait_until(lambda: synced_total() >= 2, what="syncs after the restart")
+        assert nft_objects(nft_table(netns)) == nft_objects(before)
+        assert "sync failed" not in (tmp_path / "daemon.log").read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        srv.stop()
