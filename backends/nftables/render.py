@@ -136,7 +136,7 @@ class FamilyPlan:
         affinity sets come first, then the chains holding the anonymous maps (a service's own
         chains), then the endpoint chains. The kernel binds each anonymous map by walking the
         transaction so far, and every "add chain" of an existing chain is an entry of it.
-        Measured at 10,000 Services: 236 s in ``parts`` order, 47 s in this one.
+        Measured at 10,000 Services: 236 s in ``parts`` order, 40 s in this one.
         """
         t = self.table
         held = self.kernel_chains or frozenset()
