@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kubeplex.core.config import KubeProxyConfiguration, parse_config
 
 NODE = "bench-node"
 
@@ -107,12 +114,62 @@ def installed_env() -> dict[str, str]:
     return env
 
 
-def kubeplex_cmd() -> list[str]:
-    """The CLI, reporting its own peak RSS (KiB, without the children it runs)."""
-    return [
-        sys.executable,
-        "-c",
-        "import resource, sys; from kubeplex.core.cli import main; rc = main(sys.argv[1:]);"
-        " print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr);"
-        " sys.exit(rc)",
-    ]
+#: The CLI, reporting its own peak RSS (KiB, without the children it runs) on stderr.
+KUBEPLEX_CMD = [
+    sys.executable,
+    "-c",
+    "import resource, sys; from kubeplex.core.cli import main; rc = main(sys.argv[1:]);"
+    " print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr);"
+    " sys.exit(rc)",
+]
+
+
+@dataclass
+class Workspace:
+    """A size's manifests (one JSON List) and the mode's configuration, written to disk."""
+
+    folder: Path
+    config_file: Path
+    config: KubeProxyConfiguration
+
+    @classmethod
+    def create(cls, work: Path, n: int, mode: str) -> Workspace:
+        folder = work / f"m{n}"
+        folder.mkdir()
+        (folder / "cluster.json").write_text(json.dumps({"kind": "List", "items": cluster(n)}))
+        config_file = work / "config.yaml"
+        config_file.write_text(config(mode))
+        return cls(folder, config_file, parse_config(config(mode), "bench"))
+
+    def run_once(self, ns: str, env: dict[str, str], *extra: str) -> tuple[float, int]:
+        """``kubeplex run --once`` in ``ns``: seconds, and the process's peak RSS in KiB."""
+        argv = ["run", "--config", str(self.config_file), "--manifests", str(self.folder)]
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [*KUBEPLEX_CMD, *argv, "--once", *extra, "--netns", ns],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        )
+        return time.perf_counter() - start, int(proc.stderr.strip().splitlines()[-1])
+
+
+def bench_sizes(
+    bench_size: Callable[[int, int, Path, int], dict[str, Any]],
+    report: Callable[[dict[str, Any]], str],
+    limit_flag: str,
+    limit_help: str,
+) -> None:
+    """The command line both sync benchmarks share: sizes, repeats, and a size above which
+    the slow whole-table loads are cut short."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", default="1000,10000")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument(limit_flag, type=int, default=2000, dest="limit", help=limit_help)
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("needs root (network namespaces)")
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (int(s) for s in args.sizes.split(",")):
+            print(report(bench_size(n, args.repeat, Path(tmp), args.limit)), flush=True)

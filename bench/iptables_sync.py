@@ -15,39 +15,28 @@ Usage: python bench/iptables_sync.py [--sizes 1000,10000] [--repeat 3]
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from common import NODE, Netns, cluster, config, installed_env, kubeplex_cmd, timed
+from common import NODE, Netns, Workspace, bench_sizes, cluster, installed_env, timed
 
 from kubeplex.backends.iptables import IptablesBackend
 from kubeplex.core.backend import BackendContext
 from kubeplex.core.cluster import ClusterState
-from kubeplex.core.config import parse_config
 from kubeplex.core.proxier import Proxier, collector_paused
 from kubeplex.core.sources.manifests import ManifestSource
 
-CONFIG = config("iptables")
 
-
-def bench_size(n: int, repeat: int, work: Path, floor_max: int) -> dict[str, float]:
-    folder = work / f"m{n}"
-    folder.mkdir()
-    (folder / "cluster.json").write_text(json.dumps({"kind": "List", "items": cluster(n)}))
-    config = work / "config.yaml"
-    config.write_text(CONFIG)
-    cfg = parse_config(CONFIG, "bench")
+def bench_size(n: int, repeat: int, work: Path, floor_max: int) -> dict[str, Any]:
+    ws = Workspace.create(work, n, "iptables")
+    cfg = ws.config
 
     # The ruleset kubeplex would load, as iptables-restore input (IPv4 only, like the floor).
     state = ClusterState(NODE)
-    ManifestSource(folder, state).load()
+    ManifestSource(ws.folder, state).load()
     backend = IptablesBackend(BackendContext(cfg, NODE, families=state.families[:1]))
     snapshot = state.checkout(full=True)
     with collector_paused():  # as the daemon renders
@@ -77,22 +66,14 @@ def bench_size(n: int, repeat: int, work: Path, floor_max: int) -> dict[str, flo
                     )
                 )
         with Netns() as ns:
-            argv = ["run", "--config", str(config), "--manifests", str(folder), "--once"]
-            start = time.perf_counter()
-            proc = subprocess.run(
-                [*kubeplex_cmd(), *argv, "--netns", ns],
-                capture_output=True,
-                text=True,
-                check=True,
-                env=env,
-            )
-            runs.append(time.perf_counter() - start)
-            rss_kb = max(rss_kb, int(proc.stderr.strip().splitlines()[-1]))
+            seconds, rss = ws.run_once(ns, env)
+            runs.append(seconds)
+            rss_kb = max(rss_kb, rss)
 
     # Partial sync: program a namespace in-process, then change one endpoint of one Service.
     with Netns() as ns:
         state = ClusterState(NODE, families=state.families[:1])
-        source = ManifestSource(folder, state)
+        source = ManifestSource(ws.folder, state)
         source.load()
         backend = IptablesBackend(BackendContext(cfg, NODE, families=state.families, netns=ns))
         backend.prepare()
@@ -131,33 +112,26 @@ def bench_size(n: int, repeat: int, work: Path, floor_max: int) -> dict[str, flo
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--sizes", default="1000,10000")
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument(
-        "--floor-max",
-        type=int,
-        default=2000,
-        help="measure the one-input iptables-restore floor only up to this many Services",
+def report(r: dict[str, Any]) -> str:
+    return (
+        f"{r['services']:>6} services {r['rules']:>7} rules"
+        f" | restore floor {r['floor_s']:.3f} s"
+        f" | run --once {r['run_once_s']:.3f} s (x{r['ratio']:.2f})"
+        f" | full render {r['full_render_s']:.3f} s"
+        f" | 1-endpoint partial sync {r['partial_sync_ms']:.1f} ms"
+        f" (render {r['partial_render_ms']:.1f} ms;"
+        f" kernel floor: one rule {r['one_rule_ms']:.1f} ms)"
+        f" | peak RSS {r['peak_rss_mb']:.0f} MB"
     )
-    args = p.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("needs root (network namespaces)")
-    with tempfile.TemporaryDirectory() as tmp:
-        for n in (int(s) for s in args.sizes.split(",")):
-            r = bench_size(n, args.repeat, Path(tmp), args.floor_max)
-            print(
-                f"{r['services']:>6} services {r['rules']:>7} rules"
-                f" | restore floor {r['floor_s']:.3f} s"
-                f" | run --once {r['run_once_s']:.3f} s (x{r['ratio']:.2f})"
-                f" | full render {r['full_render_s']:.3f} s"
-                f" | 1-endpoint partial sync {r['partial_sync_ms']:.1f} ms"
-                f" (render {r['partial_render_ms']:.1f} ms;"
-                f" kernel floor: one rule {r['one_rule_ms']:.1f} ms)"
-                f" | peak RSS {r['peak_rss_mb']:.0f} MB",
-                flush=True,
-            )
+
+
+def main() -> None:
+    bench_sizes(
+        bench_size,
+        report,
+        "--floor-max",
+        "measure the one-input iptables-restore floor only up to this many Services",
+    )
 
 
 if __name__ == "__main__":

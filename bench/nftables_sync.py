@@ -26,28 +26,20 @@ Usage: python bench/nftables_sync.py [--sizes 1000,10000] [--repeat 3] [--slow-m
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from common import NODE, Netns, cluster, config, installed_env, kubeplex_cmd, timed
+from common import NODE, Netns, Workspace, bench_sizes, cluster, installed_env, timed
 
 from kubeplex.backends.nftables import NftablesBackend, names, netlink
 from kubeplex.backends.nftables.kernel import NftKernel
 from kubeplex.core.backend import BackendContext
 from kubeplex.core.cluster import ClusterState
-from kubeplex.core.config import parse_config
 from kubeplex.core.proxier import Proxier, collector_paused
 from kubeplex.core.sources.manifests import ManifestSource
-
-CONFIG = config("nftables")
 
 
 def netlink_ms(link: netlink.NftNetlink, text: str, undo: str, count: int = 5) -> float:
@@ -98,17 +90,13 @@ def kernel_floors(ns: str, service_chain: str) -> dict[str, float]:
 
 
 def bench_size(n: int, repeat: int, work: Path, slow_max: int) -> dict[str, Any]:
-    folder = work / f"m{n}"
-    folder.mkdir()
-    (folder / "cluster.json").write_text(json.dumps({"kind": "List", "items": cluster(n)}))
-    config = work / "config.yaml"
-    config.write_text(CONFIG)
-    cfg = parse_config(CONFIG, "bench")
+    ws = Workspace.create(work, n, "nftables")
+    cfg = ws.config
     loads = repeat if n <= slow_max else 1
 
     # The table kubeplex would load, as nft -f input (IPv4 only, like the floor).
     state = ClusterState(NODE)
-    ManifestSource(folder, state).load()
+    ManifestSource(ws.folder, state).load()
     backend = NftablesBackend(BackendContext(cfg, NODE, families=state.families[:1]))
     snapshot = state.checkout(full=True)
     with collector_paused():  # as the daemon renders
@@ -128,17 +116,9 @@ def bench_size(n: int, repeat: int, work: Path, slow_max: int) -> dict[str, Any]
             floors.append(timed(["ip", "netns", "exec", ns, "nft", "-f", "-"], table))
             listings.add(listing(ns))
         with Netns() as ns:
-            argv = ["run", "--config", str(config), "--manifests", str(folder), "--once"]
-            start = time.perf_counter()
-            proc = subprocess.run(
-                [*kubeplex_cmd(), *argv, "--proxy-mode", "nftables", "--netns", ns],
-                capture_output=True,
-                text=True,
-                check=True,
-                env=env,
-            )
-            runs.append(time.perf_counter() - start)
-            rss_kb = max(rss_kb, int(proc.stderr.strip().splitlines()[-1]))
+            seconds, rss = ws.run_once(ns, env, "--proxy-mode", "nftables")
+            runs.append(seconds)
+            rss_kb = max(rss_kb, rss)
             listings.add(listing(ns))
     # The run wrote the very table the floor loaded (nft lists both the same).
     assert len(listings) == 1, "run --once and nft -f wrote different tables"
@@ -146,7 +126,7 @@ def bench_size(n: int, repeat: int, work: Path, slow_max: int) -> dict[str, Any]
     # Partial syncs: program a namespace in-process, then change one endpoint of one Service.
     with Netns() as ns:
         state = ClusterState(NODE, families=state.families[:1])
-        source = ManifestSource(folder, state)
+        source = ManifestSource(ws.folder, state)
         source.load()
         backend = NftablesBackend(BackendContext(cfg, NODE, families=state.families, netns=ns))
         backend.prepare()
@@ -208,38 +188,31 @@ def bench_size(n: int, repeat: int, work: Path, slow_max: int) -> dict[str, Any]
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--sizes", default="1000,10000")
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument(
-        "--slow-max",
-        type=int,
-        default=2000,
-        help="repeat whole-table loads (floor, run --once) only up to this many Services",
+def report(r: dict[str, Any]) -> str:
+    return (
+        f"{r['services']:>6} services {r['rules']:>7} rules"
+        f" | nft -f floor {r['floor_s']:.3f} s"
+        f" | run --once {r['run_once_s']:.3f} s (x{r['ratio']:.2f})"
+        f" | full render {r['full_render_s']:.3f} s"
+        f" | 1-endpoint partial sync {r['partial_sync_ms']:.1f} ms"
+        f" (render {r['partial_render_ms']:.1f} ms, via {r['partial_path']};"
+        f" via nft -f {r['nft_partial_ms']:.1f} ms;"
+        f" kernel floors: commit {r['commit_ms']:.1f} ms,"
+        f" jump rule {r['jump_rule_ms']:.1f} ms,"
+        f" goto element {r['goto_element_ms']:.1f} ms)"
+        f" | periodic full sync {r['trusted_full_s']:.2f} s"
+        f" | rewrite of the table (restart) {r['rewrite_s']:.2f} s"
+        f" | peak RSS {r['peak_rss_mb']:.0f} MB"
     )
-    args = p.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("needs root (network namespaces)")
-    with tempfile.TemporaryDirectory() as tmp:
-        for n in (int(s) for s in args.sizes.split(",")):
-            r = bench_size(n, args.repeat, Path(tmp), args.slow_max)
-            print(
-                f"{r['services']:>6} services {r['rules']:>7} rules"
-                f" | nft -f floor {r['floor_s']:.3f} s"
-                f" | run --once {r['run_once_s']:.3f} s (x{r['ratio']:.2f})"
-                f" | full render {r['full_render_s']:.3f} s"
-                f" | 1-endpoint partial sync {r['partial_sync_ms']:.1f} ms"
-                f" (render {r['partial_render_ms']:.1f} ms, via {r['partial_path']};"
-                f" via nft -f {r['nft_partial_ms']:.1f} ms;"
-                f" kernel floors: commit {r['commit_ms']:.1f} ms,"
-                f" jump rule {r['jump_rule_ms']:.1f} ms,"
-                f" goto element {r['goto_element_ms']:.1f} ms)"
-                f" | periodic full sync {r['trusted_full_s']:.2f} s"
-                f" | rewrite of the table (restart) {r['rewrite_s']:.2f} s"
-                f" | peak RSS {r['peak_rss_mb']:.0f} MB",
-                flush=True,
-            )
+
+
+def main() -> None:
+    bench_sizes(
+        bench_size,
+        report,
+        "--slow-max",
+        "repeat whole-table loads (floor, run --once) only up to this many Services",
+    )
 
 
 if __name__ == "__main__":
