@@ -1,5 +1,6 @@
-"""Shared fixtures: the ``kernel`` marker's skip, a namespace lab (``netlab``) and empty
-network namespaces (``netns``, ``netns2``)."""
+"""Shared fixtures: the ``kernel`` marker's skip, a namespace lab (``netlab``), empty
+network namespaces (``netns``, ``netns2``), and ``dp``: a module's ``shared`` dataplane lab
+(tests/dataplane_kit.py), reset for each test."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from kubeplex.testing.dataplane import DataplaneCluster
 from kubeplex.testing.netlab import DEFAULT_SPEC, Lab, reap_stale, unique_prefix
 
 
@@ -69,3 +71,10 @@ def netns() -> Iterator[str]:
 @pytest.fixture
 def netns2() -> Iterator[str]:
     yield from _scratch_netns("b")
+
+
+@pytest.fixture
+def dp(shared: DataplaneCluster) -> DataplaneCluster:
+    """The module's shared lab with a blank dataplane and fresh agents."""
+    shared.reset()
+    return shared

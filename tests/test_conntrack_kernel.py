@@ -8,11 +8,11 @@ the old place (a removed endpoint, or nowhere).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
+from dataplane_kit import shared_dataplane
 
 from kubeplex.core.backend import SyncResult
 from kubeplex.core.cluster import ClusterState
@@ -29,8 +29,6 @@ from kubeplex.core.conntrack import (
 from kubeplex.core.model import IPFamily
 from kubeplex.testing.dataplane import (
     DataplaneCluster,
-    DataplaneUnavailable,
-    cluster,
     endpoint,
     endpoint_slice,
     service,
@@ -42,7 +40,6 @@ from kubeplex.testing.netlab import (
     WEB_A,
     WEB_B,
     WEB_C,
-    reap_stale,
 )
 
 NODE = "node-a"
@@ -220,19 +217,7 @@ PODS = {WEB_A: EP_A, WEB_B: "10.244.2.2", WEB_C: "10.244.2.3"}
 
 @pytest.fixture(scope="module")
 def shared() -> Iterator[DataplaneCluster]:
-    reap_stale()
-    with contextlib.ExitStack() as stack:
-        try:
-            dc = stack.enter_context(cluster("iptables"))
-        except DataplaneUnavailable as err:
-            pytest.skip(str(err))
-        yield dc
-
-
-@pytest.fixture
-def dp(shared: DataplaneCluster) -> DataplaneCluster:
-    shared.reset()
-    return shared
+    yield from shared_dataplane("iptables")
 
 
 def with_cleaners(dp: DataplaneCluster, enabled: bool) -> dict[str, ConntrackCleaner]:

@@ -13,20 +13,18 @@ flushed, fresh agents) before every test.
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import shlex
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from dataplane_kit import shared_dataplane
 
 from kubeplex.core import plugins
 from kubeplex.core.model import IPFamily
 from kubeplex.testing.dataplane import (
     DataplaneCluster,
-    DataplaneUnavailable,
-    cluster,
     endpoint_slice,
     service,
 )
@@ -40,7 +38,6 @@ from kubeplex.testing.netlab import (
     WEB_B,
     WEB_C,
     ProbeResult,
-    reap_stale,
     tally,
 )
 
@@ -67,21 +64,8 @@ CHI2_CRIT_2DOF_0001 = 13.82
 
 @pytest.fixture(scope="module", params=MODES)
 def shared(request: pytest.FixtureRequest) -> Iterator[DataplaneCluster]:
-    """One dual-stack lab per mode for the module, removed even if tests fail."""
-    reap_stale()
-    with contextlib.ExitStack() as stack:
-        try:
-            dc = stack.enter_context(cluster(request.param, ipv6=True))
-        except DataplaneUnavailable as err:
-            pytest.skip(str(err))
-        yield dc
-
-
-@pytest.fixture
-def dp(shared: DataplaneCluster) -> DataplaneCluster:
-    """The shared lab with a blank dataplane and fresh agents."""
-    shared.reset()
-    return shared
+    """One dual-stack lab per mode for the module."""
+    yield from shared_dataplane(request.param, ipv6=True)
 
 
 # -------------------------------------------------------------------------------------- helpers

@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 import pytest
+from dataplane_kit import shared_dataplane
 
 from kubeplex.core.model import IPFamily
 from kubeplex.testing.dataplane import (
     WEB_D,
     DataplaneCluster,
-    DataplaneUnavailable,
     NodeAgent,
-    cluster,
     endpoint_slice,
     service,
 )
@@ -41,7 +40,6 @@ from kubeplex.testing.netlab import (
     WEB_C,
     Lab,
     ProbeResult,
-    reap_stale,
     tally,
 )
 
@@ -346,21 +344,8 @@ def inspector_for(dp: DataplaneCluster) -> Inspector | None:
 
 @pytest.fixture(scope="module", params=MODES)
 def shared(request: pytest.FixtureRequest) -> Iterator[DataplaneCluster]:
-    """One lab per mode for the module, removed even if tests fail."""
-    reap_stale()
-    with contextlib.ExitStack() as stack:
-        try:
-            dc = stack.enter_context(cluster(request.param))
-        except DataplaneUnavailable as err:
-            pytest.skip(str(err))
-        yield dc
-
-
-@pytest.fixture
-def dp(shared: DataplaneCluster) -> DataplaneCluster:
-    """The shared lab with a blank dataplane and fresh agents."""
-    shared.reset()
-    return shared
+    """One lab per mode for the module."""
+    yield from shared_dataplane(request.param)
 
 
 @pytest.fixture
