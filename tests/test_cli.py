@@ -4,27 +4,16 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cli_kit import in_netns, kubeplex
 
 from kubeplex.core import cli, sysctls
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "testing" / "lab"
-
-
-def kubeplex(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kubeplex.core.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def test_version() -> None:
@@ -87,24 +76,14 @@ def test_run_once_programs_and_cleanup_removes(netns: str) -> None:
     args = ("--config", str(LAB / "config.yaml"), "--netns", netns)
     proc = kubeplex("run", *args, "--manifests", str(LAB / "manifests"), "--once")
     assert proc.returncode == 0, proc.stderr
-    saved = subprocess.run(
-        ["ip", "netns", "exec", netns, "iptables-save", "-t", "nat"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    saved = in_netns(netns, "iptables-save", "-t", "nat")
     assert "-A KUBE-SVC-LOLE4ISW44XBNF3G" in saved
     assert (
         '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES' in saved
     )
 
     assert kubeplex("cleanup", *args).returncode == 0
-    saved = subprocess.run(
-        ["ip", "netns", "exec", netns, "iptables-save"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    saved = in_netns(netns, "iptables-save")
     assert "KUBE-SVC-" not in saved
     assert "KUBE-SERVICES" not in saved
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer
+from cli_kit import in_netns
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "testing" / "lab"
@@ -38,12 +39,7 @@ def wait_until(cond: Callable[[], bool], timeout: float = 15.0, what: str = "") 
 
 
 def nat(ns: str) -> str:
-    return subprocess.run(
-        ["ip", "netns", "exec", ns, "iptables-save", "-t", "nat"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    return in_netns(ns, "iptables-save", "-t", "nat")
 
 
 def http_in(ns: str, port: int, path: str) -> tuple[int, str]:
@@ -115,13 +111,7 @@ def test_daemon_follows_the_api_through_watch_drops(tmp_path: Path, netns: str) 
         )
         wait_until(
             lambda: (
-                "default/late has no endpoints"
-                in subprocess.run(
-                    ["ip", "netns", "exec", netns, "iptables-save", "-t", "filter"],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                ).stdout
+                "default/late has no endpoints" in in_netns(netns, "iptables-save", "-t", "filter")
             ),
             what="the late Service",
         )

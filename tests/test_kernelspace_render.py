@@ -11,12 +11,12 @@ tests/test_kernelspace_render.py`` rewrites them (review the diff before committ
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import cli_kit
 import pytest
 import render_kit
 from render_kit import (
@@ -31,7 +31,6 @@ from render_kit import (
     port,
 )
 
-import kubeplex.testing
 from kubeplex.backends.kernelspace import KernelspaceBackend
 from kubeplex.backends.kernelspace.policies import (
     FamilySettings,
@@ -671,21 +670,11 @@ def test_on_windows_it_says_render_only(monkeypatch: pytest.MonkeyPatch) -> None
     assert "render-only" in why and "not implemented" in why
 
 
-def kubeplex(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kubeplex.core.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 LAB_ARGS = ("--config", str(ROOT / "testing/lab/config.yaml"), "--proxy-mode", "kernelspace")
 
 
 def test_cli_render_prints_the_policies() -> None:
-    proc = kubeplex("render", *LAB_ARGS, "--manifests", str(ROOT / "testing/lab/manifests"))
+    proc = cli_kit.kubeplex("render", *LAB_ARGS, "--manifests", str(ROOT / "testing/lab/manifests"))
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["mode"] == "kernelspace"
@@ -693,7 +682,9 @@ def test_cli_render_prints_the_policies() -> None:
 
 
 def test_cli_run_refuses_without_hns() -> None:
-    proc = kubeplex("run", *LAB_ARGS, "--manifests", str(ROOT / "testing/lab/manifests"), "--once")
+    proc = cli_kit.kubeplex(
+        "run", *LAB_ARGS, "--manifests", str(ROOT / "testing/lab/manifests"), "--once"
+    )
     assert proc.returncode == 4, proc.stderr
     assert "mode kernelspace: this node lacks what it needs" in proc.stderr
     assert "requires Windows HNS" in proc.stderr
@@ -702,7 +693,7 @@ def test_cli_run_refuses_without_hns() -> None:
 
 
 def test_cli_cleanup_refuses_without_hns() -> None:
-    proc = kubeplex("cleanup", *LAB_ARGS)
+    proc = cli_kit.kubeplex("cleanup", *LAB_ARGS)
     assert proc.returncode == 4
     assert "requires Windows HNS" in proc.stderr
     assert "Traceback" not in proc.stderr

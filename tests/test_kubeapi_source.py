@@ -18,6 +18,7 @@ import kubernetes.client as k8s
 import pytest
 import yaml
 from apiserver import DEFAULT_RESOURCES, KUBE_PROXY_PERMISSIONS, FakeApiServer, RequestRecord
+from cli_kit import in_netns
 
 from kubeplex.core import cli
 from kubeplex.core.cluster import ClusterState
@@ -640,12 +641,7 @@ def test_run_once_from_the_api_programs_a_namespace(
     try:
         assert proc.returncode == 0, proc.stderr
         assert "initial list complete" in proc.stderr
-        saved = subprocess.run(
-            ["ip", "netns", "exec", netns, "iptables-save", "-t", "nat"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        saved = in_netns(netns, "iptables-save", "-t", "nat")
         assert "-A KUBE-SVC-LOLE4ISW44XBNF3G" in saved
         assert "--dport 30080" in saved
     finally:

@@ -15,6 +15,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import cli_kit
 import pytest
 
 from kubeplex.core import plugins
@@ -100,14 +101,7 @@ def kubeplex(
             p for p in (str(path), os.environ.get("PYTHONPATH", "")) if p
         )
     full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "kubeplex.core.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=full_env,
-    )
+    return cli_kit.kubeplex(*args, env=full_env, timeout=60)
 
 
 def render_args(mode: str) -> tuple[str, ...]:

@@ -1,0 +1,29 @@
+"""Running what an operator runs: the ``kubeplex`` CLI in a subprocess, and commands inside a
+network namespace."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Mapping
+
+
+def kubeplex(
+    *args: str, env: Mapping[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``kubeplex ARGS`` as a child process (exit code and output captured, not checked)."""
+    return subprocess.run(
+        [sys.executable, "-m", "kubeplex.core.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+    )
+
+
+def in_netns(ns: str, *argv: str) -> str:
+    """The output of ``argv`` run in network namespace ``ns`` (it must succeed)."""
+    return subprocess.run(
+        ["ip", "netns", "exec", ns, *argv], capture_output=True, text=True, check=True
+    ).stdout
