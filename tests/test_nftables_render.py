@@ -1935,6 +1935,23 @@ def kernel_harness(objects: Iterable[Mapping[str, Any]], ns: str) -> Harness:
     return h
 
 
+def assert_as_one_nft_transaction(h: Harness, netns: str, netns2: str) -> None:
+    """``netns`` holds the tables one nft transaction writes for ``h``'s cluster state (in
+    ``netns2``, from scratch, without the netlink path and without stages)."""
+    import unittest.mock
+
+    import kubeplex.backends.nftables as backend_module
+
+    fresh = kernel_harness([], netns2)
+    fresh.cluster = h.cluster
+    fresh.backend._kernel.use_netlink = False  # type: ignore[attr-defined]
+    fresh.backend._kernel.run("flush ruleset\n")  # type: ignore[attr-defined]
+    with unittest.mock.patch.object(backend_module, "STAGE_MIN_LINES", 10**9):
+        fresh.sync(full=True)
+    for fam in ("ip", "ip6"):
+        assert kernel_table(netns2, fam) == kernel_table(netns, fam), fam
+
+
 def test_netlink_partial_syncs_give_nfts_table(netns: str, netns2: str) -> None:
     import random
 
@@ -1999,13 +2016,22 @@ def test_netlink_partial_syncs_give_nfts_table(netns: str, netns2: str) -> None:
         if str(r).count("\n") > 1:
             assert kernel.last_path == "netlink", (step, str(r))
         if step % 6 == 5 or step == 23:
-            fresh = kernel_harness([], netns2)
-            fresh.cluster = h.cluster
-            fresh.backend._kernel.use_netlink = False  # type: ignore[attr-defined]
-            fresh.backend._kernel.run("flush ruleset\n")  # type: ignore[attr-defined]
-            fresh.sync(full=True)
-            for fam in ("ip", "ip6"):
-                assert kernel_table(netns2, fam) == kernel_table(netns, fam), (step, fam)
+            assert_as_one_nft_transaction(h, netns, netns2)
+
+
+def assert_encoded_as_nft(messages: list[Any], text: str, netns: str) -> None:
+    """``messages`` (netlink.compile_transaction of ``text``) are what nft sends for ``text``:
+    byte for byte, but for the padding nft leaves uninitialized and the order of a set's
+    elements (nft's --debug=mnl dump, taken applying ``text`` in ``netns``)."""
+    from nft_messages import canonical, nft_messages
+
+    from kubeplex.backends.nftables import netlink
+
+    theirs = nft_messages(netns, text)
+    assert len(messages) == len(theirs)
+    mine = [((netlink.NFNL_SUBSYS_NFTABLES << 8) | m.kind, m.body) for m in messages]
+    nfts = [(kind, canonical(body)) for kind, body in theirs]
+    assert _element_runs_sorted(mine) == _element_runs_sorted(nfts)
 
 
 def _element_runs_sorted(messages: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
@@ -2029,10 +2055,7 @@ FULL_SYNC_GOLDENS = sorted(
 @pytest.mark.parametrize("golden", FULL_SYNC_GOLDENS, ids=lambda p: p.stem)
 def test_netlink_encodes_full_syncs_as_nft_does(golden: Path, netns: str) -> None:
     """Every message kubeplex sends for a full sync is the one nft 1.0.x sends for the same
-    text, byte for byte (nft's --debug=mnl dump; only the padding nft leaves uninitialized
-    and the order of a set's elements may differ)."""
-    from nft_messages import canonical, nft_messages
-
+    text, byte for byte (see assert_encoded_as_nft)."""
     from kubeplex.backends.nftables import netlink
 
     text = golden.read_text()
@@ -2042,11 +2065,7 @@ def test_netlink_encodes_full_syncs_as_nft_does(golden: Path, netns: str) -> Non
         # Only a set of several source ranges is nft's (it merges and sorts intervals).
         assert " saddr != { " in str(err) and " , " in str(err), err
         return
-    theirs = nft_messages(netns, text)
-    assert len(ours) == len(theirs)
-    mine = [((netlink.NFNL_SUBSYS_NFTABLES << 8) | m.kind, m.body) for m in ours]
-    nfts = [(kind, canonical(body)) for kind, body in theirs]
-    assert _element_runs_sorted(mine) == _element_runs_sorted(nfts)
+    assert_encoded_as_nft(ours, text, netns)
 
 
 def _variant_objects() -> list[dict[str, Any]]:
@@ -2087,17 +2106,10 @@ def test_netlink_encodes_config_variants_as_nft_does(fields: dict[str, Any], net
     configuration options select (local detection, masquerade-all, NodePort addresses), both
     families. (Partial syncs are compared by listing, in the tests below: nft numbers the sets
     of a batch after those it read back from the kernel.)"""
-    from nft_messages import canonical, nft_messages
-
     from kubeplex.backends.nftables import netlink
 
     text = str(Harness(_variant_objects(), {**UPSTREAM, **fields}, families=(V4, V6)).sync())
-    ours = netlink.compile_transaction(text)
-    theirs = nft_messages(netns, text)
-    assert len(ours) == len(theirs)
-    mine = [((netlink.NFNL_SUBSYS_NFTABLES << 8) | m.kind, m.body) for m in ours]
-    nfts = [(kind, canonical(body)) for kind, body in theirs]
-    assert _element_runs_sorted(mine) == _element_runs_sorted(nfts)
+    assert_encoded_as_nft(netlink.compile_transaction(text), text, netns)
 
 
 def test_a_staged_first_load_over_netlink_gives_nfts_table(
@@ -2123,25 +2135,13 @@ def test_a_staged_first_load_over_netlink_gives_nfts_table(
         kernel, "_run_netlink", lambda m: transactions.append("x") or real_run_netlink(m)
     )
     assert h.sync().full and len(transactions) > 5 and kernel.last_path == "netlink"
-
-    def same_as_nft() -> None:
-        fresh = kernel_harness([], netns2)
-        fresh.cluster = h.cluster
-        fresh.backend._kernel.use_netlink = False  # type: ignore[attr-defined]
-        fresh.backend._kernel.run("flush ruleset\n")  # type: ignore[attr-defined]
-        monkeypatch.setattr(backend_module, "STAGE_MIN_LINES", 10**9)
-        fresh.sync(full=True)
-        monkeypatch.setattr(backend_module, "STAGE_MIN_LINES", 0)
-        for fam in ("ip", "ip6"):
-            assert kernel_table(netns2, fam) == kernel_table(netns, fam), fam
-
-    same_as_nft()
+    assert_as_one_nft_transaction(h, netns, netns2)
     for i in (3, 17, 30):
         h.feed(
             [endpoint_slice(f"ns{i}", "web", [ep(f"10.0.{i}.9", NODE), ep(f"10.0.{i}.8", "n2")])]
         )
         assert not h.sync().full
-    same_as_nft()
+    assert_as_one_nft_transaction(h, netns, netns2)
 
 
 def test_an_untrusted_full_sync_over_an_existing_table_gives_nfts_table(
@@ -2173,12 +2173,7 @@ def test_an_untrusted_full_sync_over_an_existing_table_gives_nfts_table(
     first_numgen = text.index(" numgen random ")
     assert text.index("add rule ip kube-proxy endpoint-") > text.rindex(" numgen random ")
     assert text.index("add set ip kube-proxy affinity-") < first_numgen
-    fresh = kernel_harness([], netns2)
-    fresh.cluster = h.cluster
-    fresh.backend._kernel.use_netlink = False  # type: ignore[attr-defined]
-    fresh.sync(full=True)
-    for fam in ("ip", "ip6"):
-        assert kernel_table(netns2, fam) == kernel_table(netns, fam), fam
+    assert_as_one_nft_transaction(h, netns, netns2)
 
 
 def test_netlink_failure_leaves_the_table_and_forces_a_full_sync(netns: str) -> None:
