@@ -148,13 +148,21 @@ class IptablesKernel:
             execer.run(["sysctl", "-q", "-w", f"{key}={value}"], self.netns)
 
     def ensure_nfacct(self, counters: tuple[str, ...]) -> frozenset[str]:
-        """Create nfacct counters; returns those that exist (empty where nfacct is unsupported)."""
+        """Create missing nfacct counters; returns those that exist (none where nfacct is
+        unsupported). As upstream's Ensure: look first, add only what is missing. `nfacct add`
+        of an existing counter fails with EBUSY, which must not read as "unsupported" (a
+        restart would drop the rules' nfacct matches)."""
         have = set()
         for name in counters:
-            proc = execer.run(["nfacct", "add", name], self.netns, check=False)
-            if proc.returncode == 0 or "exists" in proc.stderr.lower():
-                have.add(name)
+            if not self._nfacct_exists(name):
+                execer.run(["nfacct", "add", name], self.netns, check=False)
+                if not self._nfacct_exists(name):  # refused, not merely raced
+                    continue
+            have.add(name)
         return frozenset(have)
+
+    def _nfacct_exists(self, name: str) -> bool:
+        return execer.run(["nfacct", "get", name], self.netns, check=False).returncode == 0
 
 
 def prelude(saved: SavedRuleset, planned: dict[str, set[str]]) -> dict[str, list[str]]:
