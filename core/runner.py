@@ -4,7 +4,9 @@
   (bursts of events collapse into one sync);
 * a full resync runs every ``max_interval`` even with no change;
 * a failed sync is retried with exponential backoff (tenacity); the sync function itself keeps
-  the last good rules in place and makes the retry a full one.
+  the last good rules in place and makes the retry a full one. A change that arrives during a
+  backoff ends it: the retry runs at once (no sooner than ``min_interval`` after the last
+  start), as upstream's runner runs on a change whatever retry is pending.
 """
 
 from __future__ import annotations
@@ -31,12 +33,15 @@ class SyncRunner:
         max_interval: float,
         clock: Callable[[], float] = time.monotonic,
         max_backoff: float = 30.0,
+        first_backoff: float | None = None,
     ) -> None:
         self._sync = sync
         self._changed = changed
         self.min_interval = min_interval
         self.max_interval = max_interval
         self.max_backoff = max(max_backoff, min_interval)
+        #: The first retry's wait; each further one doubles it, up to max_backoff.
+        self.first_backoff = max(min_interval, 0.5) if first_backoff is None else first_backoff
         self._clock = clock
         self._stop = threading.Event()
         self._last_start = float("-inf")
@@ -55,6 +60,16 @@ class SyncRunner:
     def _sleep(self, seconds: float) -> None:
         # An interruptible sleep, so stop() ends a backoff at once.
         self._stop.wait(max(0.0, seconds))
+
+    def _backoff(self, seconds: float) -> None:
+        """Wait before a retry: until ``seconds`` pass, the runner stops, or a change arrives.
+
+        A change must not wait out the whole backoff (its rules would be late by up to
+        max_backoff, /healthz 503 meanwhile); it still waits for ``min_interval``.
+        """
+        if not self._changed.wait(max(0.0, seconds)) or self._stop.is_set():
+            return
+        self._sleep(self._last_start + self.min_interval - self._clock())
 
     def _run_once(self, full: bool) -> bool:
         self._last_start = self._clock()
@@ -78,12 +93,12 @@ class SyncRunner:
 
         retrying = Retrying(
             retry=retry_if_result(lambda ok: ok is False),
-            wait=wait_exponential(multiplier=max(self.min_interval, 0.5), max=self.max_backoff),
+            wait=wait_exponential(multiplier=self.first_backoff, max=self.max_backoff),
             stop=stopped,
-            sleep=self._sleep,
+            sleep=self._backoff,
             retry_error_callback=lambda state: False,
             before_sleep=lambda state: log.warning(
-                "sync failed (attempt %d); retrying in %.1fs with a full sync",
+                "sync failed (attempt %d); retrying with a full sync in %.1fs, or on a change",
                 state.attempt_number,
                 state.upcoming_sleep,
             ),

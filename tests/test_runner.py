@@ -259,3 +259,109 @@ def test_full_or_partial_decided_by_the_clock(
     changed.set()
     assert wait_for(lambda: sync.count() == 4)
     assert sync.fulls == [True, False, False, True]
+
+
+class ScriptedChange(threading.Event):
+    """The runner's ``changed`` event on a fake clock: ``wait`` records its timeout, then a
+    change arrives ``arrives_after`` seconds into it (None: none arrives, the wait times out)."""
+
+    def __init__(self, clock: FakeClock, arrives_after: float | None) -> None:
+        super().__init__()
+        self.clock = clock
+        self.arrives_after = arrives_after
+        self.waits: list[float] = []
+        self._set = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        assert timeout is not None
+        self.waits.append(timeout)
+        if self.arrives_after is None or self.arrives_after > timeout:
+            self.clock.now += timeout
+            return self._set
+        self.clock.now += self.arrives_after
+        self._set = True
+        return True
+
+    def set(self) -> None:
+        self._set = True
+
+    def clear(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+def scripted_retry(
+    monkeypatch: pytest.MonkeyPatch, arrives_after: float | None
+) -> tuple[list[tuple[float, bool]], list[float], ScriptedChange]:
+    """One failed sync at t=0 with a 20 s backoff and min_interval 1 s, then its retry.
+
+    Returns the syncs as (fake time, full), the runner's other sleeps, and the event."""
+    clock = FakeClock()
+    change = ScriptedChange(clock, arrives_after)
+    calls: list[tuple[float, bool]] = []
+
+    def sync(full: bool) -> bool:
+        change.clear()  # as ClusterState.checkout does
+        calls.append((clock.now, full))
+        return len(calls) > 1
+
+    runner = SyncRunner(
+        sync,
+        change,
+        min_interval=1.0,
+        max_interval=600,
+        clock=clock,
+        max_backoff=30,
+        first_backoff=20,
+    )
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        clock.now += max(0.0, seconds)
+
+    monkeypatch.setattr(runner, "_sleep", sleep)
+    assert runner.sync_with_retry(False)
+    return calls, sleeps, change
+
+
+def test_a_change_during_a_backoff_retries_after_min_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls, sleeps, change = scripted_retry(monkeypatch, arrives_after=0.3)
+    assert change.waits == [20.0]  # the backoff, cut short by the change at t=0.3
+    assert sleeps == [pytest.approx(0.7)]  # then the rest of min_interval
+    assert calls == [(0.0, False), (pytest.approx(1.0), True)]
+
+
+def test_a_change_late_in_a_backoff_retries_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls, sleeps, _ = scripted_retry(monkeypatch, arrives_after=5.0)
+    assert all(s <= 0 for s in sleeps)  # min_interval is long past: no further wait
+    assert calls == [(0.0, False), (5.0, True)]
+
+
+def test_without_a_change_the_backoff_is_waited_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls, sleeps, change = scripted_retry(monkeypatch, arrives_after=None)
+    assert change.waits == [20.0]
+    assert sleeps == []
+    assert calls == [(0.0, False), (20.0, True)]
+
+
+def test_a_change_during_a_long_backoff_is_synced_long_before_it_ends(
+    changed: threading.Event, running: Callable[[SyncRunner], threading.Thread]
+) -> None:
+    sync = Recorder(changed, failures=1)
+    runner = SyncRunner(
+        sync, changed, min_interval=0.05, max_interval=600, max_backoff=20, first_backoff=20
+    )
+    running(runner)
+    assert wait_for(lambda: sync.count() == 1)  # failed: a 20 s backoff begins
+    changed.set()
+    # Well inside the 20 s backoff (the bound only keeps a broken runner from hanging).
+    assert wait_for(lambda: sync.count() == 2, timeout=10)
+    (first, _), (second, _) = sync.calls
+    assert second - first >= 0.05 - 0.005  # still rate-limited by min_interval
+    assert sync.fulls == [True, True]
+    assert runner.failures == 1
