@@ -469,7 +469,7 @@ def test_seed_lab_applies_and_matches_the_seed() -> None:
     ]
     # Masquerade off-cluster sources (seed: ip saddr != 10.244.0.0/16 ... mark | 0x00004000).
     assert rules_of(dump, svc)[0] == (
-        "ip daddr 10.96.88.59 ip saddr != 10.244.0.0/16 jump mark-for-masquerade"
+        "ip daddr 10.96.88.59 tcp dport 80 ip saddr != 10.244.0.0/16 jump mark-for-masquerade"
     )
     assert rules_of(dump, "mark-for-masquerade") == ["mark set mark or 0x00004000"]
     # "the nodeport-ips set held only the node's primary address"; never localhost.
@@ -579,7 +579,7 @@ add rule ip kube-proxy service-endpoints-check ip daddr . meta l4proto . th dpor
 UPSTREAM_OVERALL = """
 # svc1
 add chain ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80
-add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 ip daddr 172.30.0.41 ip saddr != 10.0.0.0/8 jump mark-for-masquerade
+add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 ip daddr 172.30.0.41 tcp dport 80 ip saddr != 10.0.0.0/8 jump mark-for-masquerade
 add rule ip kube-proxy service-ULMVA6XW-ns1/svc1/tcp/p80 numgen random mod 1 vmap { 0 : goto endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80 }
 
 add chain ip kube-proxy endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80
@@ -591,7 +591,7 @@ add element ip kube-proxy service-ips { 172.30.0.41 . tcp . 80 : goto service-UL
 
 # svc2
 add chain ip kube-proxy service-42NFTM6N-ns2/svc2/tcp/p80
-add rule ip kube-proxy service-42NFTM6N-ns2/svc2/tcp/p80 ip daddr 172.30.0.42 ip saddr != 10.0.0.0/8 jump mark-for-masquerade
+add rule ip kube-proxy service-42NFTM6N-ns2/svc2/tcp/p80 ip daddr 172.30.0.42 tcp dport 80 ip saddr != 10.0.0.0/8 jump mark-for-masquerade
 add rule ip kube-proxy service-42NFTM6N-ns2/svc2/tcp/p80 numgen random mod 1 vmap { 0 : goto endpoint-SGOXE6O3-ns2/svc2/tcp/p80__10.180.0.2/80 }
 add chain ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80
 add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 ip saddr 10.0.0.0/8 goto service-42NFTM6N-ns2/svc2/tcp/p80 comment "short-circuit pod traffic"
@@ -613,7 +613,7 @@ add element ip kube-proxy no-endpoint-services { 192.168.99.22 . tcp . 80 commen
 
 # svc3
 add chain ip kube-proxy service-4AT6LBPK-ns3/svc3/tcp/p80
-add rule ip kube-proxy service-4AT6LBPK-ns3/svc3/tcp/p80 ip daddr 172.30.0.43 ip saddr != 10.0.0.0/8 jump mark-for-masquerade
+add rule ip kube-proxy service-4AT6LBPK-ns3/svc3/tcp/p80 ip daddr 172.30.0.43 tcp dport 80 ip saddr != 10.0.0.0/8 jump mark-for-masquerade
 add rule ip kube-proxy service-4AT6LBPK-ns3/svc3/tcp/p80 numgen random mod 1 vmap { 0 : goto endpoint-UEIP74TE-ns3/svc3/tcp/p80__10.180.0.3/80 }
 add chain ip kube-proxy external-4AT6LBPK-ns3/svc3/tcp/p80
 add rule ip kube-proxy external-4AT6LBPK-ns3/svc3/tcp/p80 jump mark-for-masquerade
@@ -628,7 +628,7 @@ add element ip kube-proxy service-nodeports { tcp . 3003 : goto external-4AT6LBP
 
 # svc4
 add chain ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80
-add rule ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80 ip daddr 172.30.0.44 ip saddr != 10.0.0.0/8 jump mark-for-masquerade
+add rule ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80 ip daddr 172.30.0.44 tcp dport 80 ip saddr != 10.0.0.0/8 jump mark-for-masquerade
 add rule ip kube-proxy service-LAUZTJTB-ns4/svc4/tcp/p80 numgen random mod 2 vmap { 0 : goto endpoint-UNZV3OEC-ns4/svc4/tcp/p80__10.180.0.4/80 , 1 : goto endpoint-5RFCDDV7-ns4/svc4/tcp/p80__10.180.0.5/80 }
 add chain ip kube-proxy external-LAUZTJTB-ns4/svc4/tcp/p80
 add rule ip kube-proxy external-LAUZTJTB-ns4/svc4/tcp/p80 jump mark-for-masquerade
@@ -647,7 +647,7 @@ add element ip kube-proxy service-ips { 192.168.99.33 . tcp . 80 : goto external
 # svc5
 add set ip kube-proxy affinity-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 { type ipv4_addr ; flags dynamic,timeout ; timeout 10800s ; }
 add chain ip kube-proxy service-HVFWP5L3-ns5/svc5/tcp/p80
-add rule ip kube-proxy service-HVFWP5L3-ns5/svc5/tcp/p80 ip daddr 172.30.0.45 ip saddr != 10.0.0.0/8 jump mark-for-masquerade
+add rule ip kube-proxy service-HVFWP5L3-ns5/svc5/tcp/p80 ip daddr 172.30.0.45 tcp dport 80 ip saddr != 10.0.0.0/8 jump mark-for-masquerade
 add rule ip kube-proxy service-HVFWP5L3-ns5/svc5/tcp/p80 ip saddr @affinity-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 goto endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80
 add rule ip kube-proxy service-HVFWP5L3-ns5/svc5/tcp/p80 numgen random mod 1 vmap { 0 : goto endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80 }
 add chain ip kube-proxy external-HVFWP5L3-ns5/svc5/tcp/p80
@@ -698,6 +698,16 @@ def test_upstream_overall_table() -> None:
     assert_same_table(UPSTREAM_BASE_RULES + UPSTREAM_OVERALL, h.dump())
 
 
+def test_v1_33_overall_table_item_for_item() -> None:
+    """The whole table of kube-proxy 1.33's TestOverallNFTablesRules (a golden file of its
+    expected dump), item for item: every chain, rule, set, map and element."""
+    expected = (GOLDEN / "v1.33-overall-table.txt").read_text()
+    h = Harness(overall_objects())
+    h.sync()
+    assert_same_table(expected, h.dump())
+    assert len(normalized(expected)) == len(normalized(h.dump()))
+
+
 def test_first_sync_recreates_base_chains_once() -> None:
     h = Harness(overall_objects())
     first = lines_of(h.sync())
@@ -718,7 +728,7 @@ def _svc(
         f"add element ip kube-proxy cluster-ips {{ {ip} }}",
         f"add element ip kube-proxy service-ips {{ {ip} . tcp . {pnum} : goto {chain} }}",
         f"add chain ip kube-proxy {chain}",
-        f"add rule ip kube-proxy {chain} ip daddr {ip} ip saddr != 10.0.0.0/8"
+        f"add rule ip kube-proxy {chain} ip daddr {ip} tcp dport {pnum} ip saddr != 10.0.0.0/8"
         " jump mark-for-masquerade",
         f"add rule ip kube-proxy {chain} numgen random mod {len(epc)} vmap {{ {vmap} }}",
     ]
@@ -947,7 +957,7 @@ def test_upstream_internal_traffic_policy_local() -> None:
     local = "local-" + N.hash8("ns1/svc1/tcp/p80") + "-ns1/svc1/tcp/p80"
     assert elements_of(dump, "service-ips") == [f"{{ 172.30.1.1 . tcp . 80 : goto {local} }}"]
     assert rules_of(dump, local)[0] == (
-        "ip daddr 172.30.1.1 ip saddr != 10.0.0.0/8 jump mark-for-masquerade"
+        "ip daddr 172.30.1.1 tcp dport 80 ip saddr != 10.0.0.0/8 jump mark-for-masquerade"
     )
     assert "service-" + N.hash8("ns1/svc1/tcp/p80") not in dump
 
@@ -1036,7 +1046,9 @@ def test_upstream_ipv6_nodeports_on_every_address() -> None:
     ep_chain = "endpoint-" + N.hash8("ns1/svc1/tcp/p80__fd00.10.180..2.1/80")
     assert f"add rule ip6 kube-proxy {ep_chain}-ns1/svc1/tcp/p80__fd00.10.180..2.1/80" in dump
     assert "meta l4proto tcp dnat to [fd00:10:180::2:1]:80" in dump
-    assert "ip6 daddr fd00:172:30::41 ip6 saddr != fd00:10::/64 jump mark-for-masquerade" in dump
+    masq = "ip6 daddr fd00:172:30::41 tcp dport 80 ip6 saddr != fd00:10::/64"
+    masq += " jump mark-for-masquerade"
+    assert masq in dump
     assert "add element ip6 kube-proxy cluster-ips { fd00:172:30::41 }" in dump
     # The IPv6 ServiceCIDR drop rule.
     assert "ip6 daddr { fd00:10:96::/112 } drop" in dump
@@ -1220,7 +1232,7 @@ def test_masquerade_all() -> None:
     )
     h.sync()
     assert rules_of(h.dump(), "service-ULMVA6XW-ns1/svc1/tcp/p80")[0] == (
-        "ip daddr 172.30.0.41 jump mark-for-masquerade"
+        "ip daddr 172.30.0.41 tcp dport 80 jump mark-for-masquerade"
     )
 
 
@@ -1257,7 +1269,7 @@ def test_detect_local_modes(fields: dict[str, Any], not_local: str, local: str) 
     h.sync()
     dump = h.dump()
     assert rules_of(dump, "service-ULMVA6XW-ns1/svc1/tcp/p80")[0] == (
-        f"ip daddr 172.30.0.41 {not_local} jump mark-for-masquerade"
+        f"ip daddr 172.30.0.41 tcp dport 80 {not_local} jump mark-for-masquerade"
     )
     assert rules_of(dump, "external-ULMVA6XW-ns1/svc1/tcp/p80")[0] == (
         f'{local} goto service-ULMVA6XW-ns1/svc1/tcp/p80 comment "short-circuit pod traffic"'

@@ -30,7 +30,7 @@ import re
 import socket
 import struct
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 # --- constants (linux/netfilter/nfnetlink.h, nf_tables.h; libnftnl's udata) ---------------------
@@ -262,6 +262,18 @@ def _iifname(negate: bool, pattern: str) -> list[bytes]:
     return [_meta(NFT_META_IIFNAME), _cmp(1 if negate else 0, data)]
 
 
+def _dport_match(proto: str, port: str, line: str) -> list[bytes]:
+    """``tcp dport 80``: nft's l4proto dependency, then the port."""
+    if not port.isdigit() or int(port) > 65535:
+        raise Unsupported(line)
+    return [
+        _meta(NFT_META_L4PROTO),
+        _cmp(0, bytes([PROTOCOLS[proto]])),
+        _payload(2, 2, 1, 2),
+        _cmp(0, int(port).to_bytes(2, "big")),
+    ]
+
+
 def _fib_local(flag: int) -> list[bytes]:
     """``fib saddr|daddr type local``."""
     return [
@@ -422,9 +434,14 @@ def compile_transaction(text: str, anonymous_names: dict[int, int] | None = None
     """
     named = ("\n" + text).count("\nadd set ") + ("\n" + text).count("\nadd map ")
     batch = _Batch(named, anonymous_names=anonymous_names)
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            _command(batch, line)
+    line = ""
+    try:
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                _command(batch, line)
+    except struct.error as err:
+        # An attribute longer than its 16-bit length field allows: nft's business, then.
+        raise Unsupported(f"too long to encode ({err}): {line[:200]}") from err
     return batch.messages
 
 
@@ -617,6 +634,9 @@ def _rule(batch: _Batch, family: int, line: str, t: bytes, chain: str, text: str
                 taken += 2
             exprs += _addr_match(family, which, negate, value)
             words = words[taken:]
+        elif w in PROTOCOLS and len(words) >= 3 and words[1] == "dport":
+            exprs += _dport_match(w, words[2], line)
+            words = words[3:]
         elif w == "meta" and words[1:5] == ["l4proto", ".", "th", "dport"]:
             exprs += _concat_lookup(batch, family, False, words[5:], line)
             words = []
@@ -741,6 +761,30 @@ _NUMGEN_MAP_UDATA = (
 )
 
 
+#: The most an attribute can hold: its length field (header included) has 16 bits.
+NLA_MAX_LEN = 0xFFFF
+
+
+def _element_chunks(elements: list[bytes]) -> Iterator[list[bytes]]:
+    """A set's elements (each one's attributes) as the nested NFTA_LIST_ELEMs of one or more
+    NFTA_SET_ELEM_LIST_ELEMENTS attributes, one NEWSETELEM message each, split as nft 1.0.x
+    splits them: an element that would make the list longer than NLA_MAX_LEN starts the next
+    message, and its number, already taken, is skipped (the numbering goes on across them)."""
+    chunk: list[bytes] = []
+    size = 4  # the list attribute's header
+    number = 0
+    for element in elements:
+        number += 1
+        if chunk and size + 4 + len(element) > NLA_MAX_LEN:
+            yield chunk
+            chunk, size = [], 4
+            number += 1
+        chunk.append(_attr(number | NLA_F_NESTED, element))
+        size += 4 + len(element)
+    if chunk:
+        yield chunk
+
+
 @functools.lru_cache(maxsize=1024)
 def _numgen_key(i: int) -> bytes:
     return _value(1, _host32(i))
@@ -765,7 +809,7 @@ def _numgen_vmap(
         else:
             code, target_chain = _verdict_words(verdict.split(" "))
             data = _verdict(2, code, target_chain)
-        elements.append(_attr((i + 1) | NLA_F_NESTED, _numgen_key(i) + data))
+        elements.append(_numgen_key(i) + data)
     set_id = batch.new_anonymous_id()
     if batch.anonymous_names is None:
         text = "__map%d"
@@ -790,7 +834,8 @@ def _numgen_vmap(
         _nest(9, _u32(1, modulus)),
         _attr(13, _NUMGEN_MAP_UDATA),
     )
-    batch.add(MSG_NEWSETELEM, _NEW, family, line, t, name, _u32(4, set_id), _nest(3, *elements))
+    for chunk in _element_chunks(elements):
+        batch.add(MSG_NEWSETELEM, _NEW, family, line, t, name, _u32(4, set_id), _nest(3, *chunk))
     return [
         _expr("numgen", _u32(1, 1), _u32(2, modulus), _u32(3, NFT_NG_RANDOM), _u32(4, 0)),
         _expr("lookup", _u32(2, 1), _u32(3, 0), _name(1, text), _u32(4, set_id)),

@@ -319,13 +319,15 @@ def service_objects(
     if uses_fw_chain:
         rules[fw_chain] = []
 
-    # Internal traffic: masquerade off-cluster clients of the cluster IP.
+    # Internal traffic: masquerade off-cluster clients of the cluster IP (1.33 matches the
+    # service port too, as its iptables mode does; 1.34 dropped the port match).
     if has_internal:
+        to_cluster_ip = f"{ip} daddr {svc.cluster_ip} {proto} dport {port}"
         if s.masquerade_all:
-            rules[internal_chain].append(f"{ip} daddr {svc.cluster_ip} jump {names.MARK_MASQ}")
+            rules[internal_chain].append(f"{to_cluster_ip} jump {names.MARK_MASQ}")
         elif s.local.implemented:
             rules[internal_chain].append(
-                f"{ip} daddr {svc.cluster_ip} {s.if_not_local()} jump {names.MARK_MASQ}"
+                f"{to_cluster_ip} {s.if_not_local()} jump {names.MARK_MASQ}"
             )
 
     # External traffic: every external destination goes through the external chain.
