@@ -3,28 +3,35 @@
 A connectionless flow (UDP, SCTP) has no end the kernel can see, so its conntrack entry keeps
 the NAT decision of its first packet for as long as packets keep coming: a client that sends
 from a fixed port to a Service keeps reaching the endpoint it first got, even after that
-endpoint left the Service. Upstream kube-proxy therefore deletes, after each successful sync:
+endpoint left the Service, or keeps going nowhere if its first packet came before the
+Service's rules. An entry is stale when it goes to a Service frontend (a Service IP and port,
+or a NodePort on any address) and was not DNATed to a serving endpoint of that Service; the
+others are established flows that must stay where they are (upstream #122740). After each
+successful sync kubeplex deletes:
 
-* for every **stale endpoint** (a serving UDP/SCTP endpoint that went away) of a Service that
-  still exists: the entries whose original destination is one of the Service's IPs (cluster IP,
-  external IPs, load-balancer IPs) or whose original destination port is its NodePort, and
-  whose reply comes from that endpoint (it was DNATed there);
-* for every **stale service IP** (the cluster IP of a deleted UDP/SCTP service port): the
-  entries to that IP;
-* for every **newly active** UDP/SCTP service (no endpoint before, one now): the entries to
-  its IPs and NodePort, made while the traffic was rejected or went nowhere.
+* on a **full sync** (the first one after a start, a takeover or a mode switch, and every
+  resync): every stale entry of every UDP/SCTP Service, as upstream 1.33's CleanStaleEntries
+  does on each sync. A Service without serving endpoints has all its entries stale
+  (upstream #139628);
+* on a **partial sync**, only what the change set can have made stale:
+  - for every **stale endpoint** (a serving UDP/SCTP endpoint that went away) of a Service
+    that still exists: the entries to the Service's frontends DNATed to that endpoint;
+  - for every **stale service IP** (the cluster IP of a deleted UDP/SCTP service port): the
+    entries to that IP, except those to a port a live Service still serves on it;
+  - for every **newly active** UDP/SCTP Service (no serving endpoint before, one now): its
+    stale entries, i.e. those made while the traffic went nowhere. Entries already DNATed to
+    a serving endpoint stay.
 
-``stale_flow_filters`` turns one sync's ``ProxyState`` into those filters (pure); a
-``ConntrackCleaner`` is the ``SyncListener`` that lists the table once per family and
-protocol and deletes the matching entries. It never shells out to ``conntrack``.
+A partial sync without any of these lists nothing. ``stale_flow_filters`` turns one sync's
+``ProxyState`` into a ``CleanupPlan`` per family (pure); a ``ConntrackCleaner`` is the
+``SyncListener`` that lists the table once per family and protocol and deletes the matching
+entries. It never shells out to ``conntrack``.
 
-Two refinements over upstream, both about not deleting live flows that are fine: an entry is
-matched on the endpoint's port as well as its IP (an endpoint that moved to another port of
-the same pod keeps its new flows), and a newly active Service's entries are matched on its
-port. Deleting a healthy UDP flow is harmless (the next datagram is load-balanced again), so
-the stale-IP case deletes every UDP entry to the IP, as upstream; for SCTP it is not (an
-association cannot restart mid-stream), so SCTP entries of a stale IP are kept while another
-SCTP port of a live Service still uses the IP.
+Refinements over upstream, all about not deleting live flows that are fine: an endpoint is
+matched on its port as well as its IP (a pod that serves on a new port loses the flows to the
+old one); a flow to a Service IP frontend is never judged by a NodePort filter (a ClusterIP
+port may equal another Service's NodePort); and SCTP is cleaned like UDP, since an SCTP
+association to an endpoint that left is as dead as a UDP flow to it.
 """
 
 from __future__ import annotations
@@ -35,13 +42,13 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kubeplex.core.backend import SyncResult
-from kubeplex.core.graph import ProxyState
-from kubeplex.core.model import IPFamily, ServicePort
+from kubeplex.core.graph import ChangeSet, ProxyState, ServiceGraph
+from kubeplex.core.model import IPFamily, ServicePort, ServicePortName
 from kubeplex.core.model import Protocol as L4
 
 log = logging.getLogger(__name__)
@@ -50,6 +57,7 @@ IPPROTO: dict[L4, int] = {L4.TCP: socket.IPPROTO_TCP, L4.UDP: socket.IPPROTO_UDP
 UDP = socket.IPPROTO_UDP
 SCTP = 132
 AF: dict[IPFamily, int] = {IPFamily.IPv4: socket.AF_INET, IPFamily.IPv6: socket.AF_INET6}
+CONNECTIONLESS = (L4.UDP, L4.SCTP)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +78,11 @@ class Flow:
 
 @dataclass(frozen=True, slots=True)
 class FlowFilter:
-    """Entries to delete: every field that is set must match (upstream's conntrackFilter)."""
+    """Entries to delete: every field that is set must match (upstream's conntrackFilter).
+
+    ``except_dports``: original destination ports that do not match (ports a live Service
+    still serves on a stale IP).
+    """
 
     proto: int
     orig_dst: str | None = None
@@ -78,6 +90,7 @@ class FlowFilter:
     reply_src: str | None = None
     reply_sport: int | None = None
     reason: str = ""
+    except_dports: frozenset[int] = frozenset()
 
     def matches(self, flow: Flow) -> bool:
         return (
@@ -86,55 +99,138 @@ class FlowFilter:
             and (self.orig_dport is None or flow.orig_dport == self.orig_dport)
             and (self.reply_src is None or flow.reply_src == self.reply_src)
             and (self.reply_sport is None or flow.reply_sport == self.reply_sport)
+            and flow.orig_dport not in self.except_dports
         )
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendFilter:
+    """Entries to one Service frontend that were not DNATed to one of its serving endpoints.
+
+    ``orig_dst`` None is the NodePort ``orig_dport`` on any address. ``serving`` holds the
+    (ip, port) of every serving endpoint: the reply of a DNATed flow comes from one of them,
+    the reply of a flow that was never DNATed comes from the frontend itself.
+    """
+
+    proto: int
+    orig_dst: str | None
+    orig_dport: int
+    serving: frozenset[tuple[str, int]]
+    reason: str = ""
+
+    def matches(self, flow: Flow) -> bool:
+        return (
+            flow.proto == self.proto
+            and (self.orig_dst is None or flow.orig_dst == self.orig_dst)
+            and flow.orig_dport == self.orig_dport
+            and (flow.reply_src, flow.reply_sport) not in self.serving
+        )
+
+
+StaleFilter = FlowFilter | FrontendFilter
+#: A Service IP frontend: (protocol number, IP, port).
+Frontend = tuple[int, str, int]
+
+
+@dataclass(frozen=True)
+class CleanupPlan:
+    """What to delete in one family: ``filters``, and the Service IP frontends that live now
+    (a flow to one of them is never matched by a NodePort filter)."""
+
+    filters: tuple[StaleFilter, ...]
+    frontends: frozenset[Frontend] = frozenset()
+    full: bool = False
 
 
 def _service_ips(svc: ServicePort) -> tuple[str, ...]:
     return tuple(dict.fromkeys((svc.cluster_ip, *svc.external_ips, *svc.load_balancer_vips)))
 
 
-def stale_flow_filters(state: ProxyState) -> dict[IPFamily, list[FlowFilter]]:
-    """What one sync makes stale, per IP family (families with nothing to do are left out)."""
-    out: dict[IPFamily, list[FlowFilter]] = {}
+def _frontends(graph: ServiceGraph) -> frozenset[Frontend]:
+    return frozenset(
+        (IPPROTO[svc.protocol], ip, svc.port)
+        for svc in graph.services.values()
+        if svc.protocol in CONNECTIONLESS
+        for ip in _service_ips(svc)
+    )
+
+
+def _stale_endpoint_filters(graph: ServiceGraph, changes: ChangeSet) -> Iterator[FlowFilter]:
+    for stale in changes.stale_endpoints:
+        svc = graph.services.get(stale.service)
+        if svc is None:
+            continue  # the Service went too: its cluster IP is a stale service IP
+        proto = IPPROTO[svc.protocol]
+        ep = stale.endpoint
+        why = f"{stale.service} lost endpoint {ep.address}"
+        for ip in _service_ips(svc):
+            yield FlowFilter(proto, ip, None, ep.ip, ep.port, why)
+        if svc.node_port:
+            yield FlowFilter(proto, None, svc.node_port, ep.ip, ep.port, why)
+
+
+def _stale_ip_filters(changes: ChangeSet, frontends: frozenset[Frontend]) -> Iterator[FlowFilter]:
+    stale = changes.stale_service_ips
+    live: dict[tuple[int, str], set[int]] = {}
+    for proto, ip, port in frontends:
+        if ip in stale:  # the IP was reused, or other ports of the Service are still there
+            live.setdefault((proto, ip), set()).add(port)
+    for ip in sorted(stale):
+        why = f"service IP {ip} deleted"
+        for proto in (UDP, SCTP):
+            kept = frozenset(live.get((proto, ip), ()))
+            yield FlowFilter(proto, ip, reason=why, except_dports=kept)
+
+
+def _frontend_filters(
+    graph: ServiceGraph, spn: ServicePortName, why: str
+) -> Iterator[FrontendFilter]:
+    svc = graph.services.get(spn)
+    if svc is None or svc.protocol not in CONNECTIONLESS:
+        return
+    proto = IPPROTO[svc.protocol]
+    # Every serving endpoint, whatever the traffic policy or topology: a policy change must
+    # not move established flows (upstream does not look at them either).
+    serving = frozenset((ep.ip, ep.port) for ep in graph.endpoints_of(spn) if ep.serving)
+    for ip in _service_ips(svc):
+        yield FrontendFilter(proto, ip, svc.port, serving, why)
+    if svc.node_port:
+        yield FrontendFilter(proto, None, svc.node_port, serving, why)
+
+
+def stale_flow_filters(
+    state: ProxyState, reconcile: Collection[IPFamily] = ()
+) -> dict[IPFamily, CleanupPlan]:
+    """What one sync makes stale, per IP family (families with nothing to do are left out).
+
+    A family in ``reconcile`` gets the full reconciliation even on a partial sync (the
+    cleaner's first call, or one after a failed cleanup).
+    """
+    out: dict[IPFamily, CleanupPlan] = {}
     for family, changes in state.changes.items():
         graph = state.graphs.get(family)
         if graph is None:
             continue
-        filters: list[FlowFilter] = []
-        for stale in changes.stale_endpoints:
-            svc = graph.services.get(stale.service)
-            if svc is None:
-                continue  # the Service went too: its cluster IP is a stale service IP
-            proto = IPPROTO[svc.protocol]
-            ep = stale.endpoint
-            why = f"{stale.service} lost endpoint {ep.address}"
-            for ip in _service_ips(svc):
-                filters.append(FlowFilter(proto, ip, None, ep.ip, ep.port, why))
-            if svc.node_port:
-                filters.append(FlowFilter(proto, None, svc.node_port, ep.ip, ep.port, why))
-        live_sctp_ips = {
-            ip
-            for svc in graph.services.values()
-            if svc.protocol is L4.SCTP
-            for ip in _service_ips(svc)
-        }
-        for ip in sorted(changes.stale_service_ips):
-            why = f"service IP {ip} deleted"
-            filters.append(FlowFilter(UDP, ip, reason=why))
-            if ip not in live_sctp_ips:
-                filters.append(FlowFilter(SCTP, ip, reason=why))
-        for spn in sorted(changes.newly_active_services):
-            svc = graph.services.get(spn)
-            if svc is None or svc.protocol not in (L4.UDP, L4.SCTP):
-                continue
-            proto = IPPROTO[svc.protocol]
-            why = f"{spn} has endpoints again"
-            for ip in _service_ips(svc):
-                filters.append(FlowFilter(proto, ip, svc.port, reason=why))
-            if svc.node_port:
-                filters.append(FlowFilter(proto, None, svc.node_port, reason=why))
+        full = changes.full or family in reconcile
+        if not (
+            full
+            or changes.stale_endpoints
+            or changes.stale_service_ips
+            or changes.newly_active_services
+        ):
+            continue  # nothing can have become stale: do not even look at the services
+        frontends = _frontends(graph)
+        filters: list[StaleFilter] = [*_stale_endpoint_filters(graph, changes)]
+        filters.extend(_stale_ip_filters(changes, frontends))
+        if full:
+            for spn in sorted(graph.services):
+                filters.extend(_frontend_filters(graph, spn, f"{spn} reconciled"))
+        else:
+            for spn in sorted(changes.newly_active_services):
+                filters.extend(_frontend_filters(graph, spn, f"{spn} has endpoints again"))
         if filters:
-            out[family] = list(dict.fromkeys(filters))  # same filter from two causes: once
+            # The same filter from two causes: once.
+            out[family] = CleanupPlan(tuple(dict.fromkeys(filters)), frontends, full)
     return out
 
 
@@ -246,15 +342,61 @@ class NetlinkConntrack:
         self.close()
 
 
-def clear_flows(table: ConntrackTable, filters: Iterable[FlowFilter]) -> int:
-    """Delete every entry that matches a filter; returns how many were deleted."""
-    by_proto: dict[int, list[FlowFilter]] = {}
+class _FilterIndex:
+    """The filters of one protocol, found by what a flow's original tuple holds, so a table
+    of N entries against F filters costs about N look-ups rather than N * F matches."""
+
+    def __init__(self, filters: Iterable[StaleFilter], frontends: Collection[Frontend]) -> None:
+        self.by_frontend: dict[tuple[str, int], list[StaleFilter]] = {}
+        self.by_dst: dict[str, list[StaleFilter]] = {}
+        self.by_dport: dict[int, list[StaleFilter]] = {}
+        self.other: list[StaleFilter] = []
+        self.frontends = {(ip, port) for _, ip, port in frontends}
+        for f in filters:
+            if f.orig_dst is not None and f.orig_dport is not None:
+                self.by_frontend.setdefault((f.orig_dst, f.orig_dport), []).append(f)
+            elif f.orig_dst is not None:
+                self.by_dst.setdefault(f.orig_dst, []).append(f)
+            elif f.orig_dport is not None:
+                self.by_dport.setdefault(f.orig_dport, []).append(f)
+            else:
+                self.other.append(f)
+
+    def first_match(self, flow: Flow) -> StaleFilter | None:
+        dst, dport = flow.orig_dst, flow.orig_dport
+        groups: list[list[StaleFilter]] = []
+        if dport is not None:
+            groups.append(self.by_frontend.get((dst, dport), []))
+        groups.append(self.by_dst.get(dst, []))
+        if dport is not None and (dst, dport) not in self.frontends:
+            # A NodePort filter never judges a flow to a live Service IP frontend.
+            groups.append(self.by_dport.get(dport, []))
+        groups.append(self.other)
+        for group in groups:
+            for f in group:
+                if f.matches(flow):
+                    return f
+        return None
+
+
+def clear_flows(
+    table: ConntrackTable,
+    filters: Iterable[StaleFilter],
+    frontends: Collection[Frontend] = (),
+) -> int:
+    """Delete every entry that matches a filter; returns how many were deleted.
+
+    The table is listed once per protocol the filters name; ``frontends`` are the live Service
+    IP frontends (see ``CleanupPlan``).
+    """
+    by_proto: dict[int, list[StaleFilter]] = {}
     for f in filters:
         by_proto.setdefault(f.proto, []).append(f)
     deleted = 0
     for proto, group in sorted(by_proto.items()):
+        index = _FilterIndex(group, [fe for fe in frontends if fe[0] == proto])
         for flow in table.flows(proto):
-            hit = next((f for f in group if f.matches(flow)), None)
+            hit = index.first_match(flow)
             if hit is None:
                 continue
             if table.delete(flow):
@@ -270,8 +412,10 @@ CleanupHook = Callable[[IPFamily, float, int], None]
 class ConntrackCleaner:
     """The SyncListener that clears stale UDP/SCTP conntrack entries after every sync.
 
-    ``enabled`` can be switched off (tests show what happens without it). Errors are logged,
-    never raised: a sync whose rules are in place has succeeded whatever conntrack says.
+    Its first call reconciles every family fully whatever the sync was, and so does the call
+    after a family's cleanup failed (the change set that failed is gone by then). ``enabled``
+    can be switched off (tests show what happens without it). Errors are logged, never
+    raised: a sync whose rules are in place has succeeded whatever conntrack says.
     """
 
     def __init__(
@@ -286,6 +430,8 @@ class ConntrackCleaner:
         self.enabled = enabled
         self._factory: TableFactory = table_factory or (lambda fam: NetlinkConntrack(fam, netns))
         self._on_cleaned = on_cleaned
+        #: Families fully reconciled since the start, with every cleanup since then good.
+        self._reconciled: set[IPFamily] = set()
         #: Entries deleted so far, per family (for logs and tests).
         self.deleted: dict[IPFamily, int] = {}
         self.errors = 0
@@ -293,33 +439,43 @@ class ConntrackCleaner:
     def __call__(self, state: ProxyState, result: SyncResult, elapsed: float) -> None:
         if not self.enabled:
             return
-        for family, filters in stale_flow_filters(state).items():
-            self.clean(family, filters)
+        unreconciled = set(state.changes) - self._reconciled
+        plans = stale_flow_filters(state, unreconciled)
+        # A family without a plan had nothing that could be stale: reconciled as it is.
+        self._reconciled |= {f for f in unreconciled - plans.keys() if f in state.graphs}
+        for family, plan in plans.items():
+            if self.clean(family, plan) is None:
+                self._reconciled.discard(family)
+            elif plan.full:
+                self._reconciled.add(family)
 
-    def clean(self, family: IPFamily, filters: list[FlowFilter]) -> int:
+    def clean(self, family: IPFamily, plan: CleanupPlan) -> int | None:
+        """Apply one family's plan; the entries deleted, None if the cleanup failed."""
         start = time.monotonic()
-        deleted = 0
+        deleted: int | None = 0
         try:
             table = self._factory(family)
             try:
-                deleted = clear_flows(table, filters)
+                deleted = clear_flows(table, plan.filters, plan.frontends)
             finally:
                 table.close()
         except Exception as err:
             self.errors += 1
+            deleted = None
             log.error("conntrack cleanup (%s) failed: %s", family.value, err)
         took = time.monotonic() - start
-        self.deleted[family] = self.deleted.get(family, 0) + deleted
+        self.deleted[family] = self.deleted.get(family, 0) + (deleted or 0)
         log.info(
-            "conntrack cleanup (%s): %d filters, %d entries deleted in %.1f ms",
+            "conntrack cleanup (%s, %s): %d filters, %d entries deleted in %.1f ms",
             family.value,
-            len(filters),
-            deleted,
+            "full" if plan.full else "partial",
+            len(plan.filters),
+            deleted or 0,
             took * 1000,
         )
         if self._on_cleaned is not None:
             try:
-                self._on_cleaned(family, took, deleted)
+                self._on_cleaned(family, took, deleted or 0)
             except Exception:
                 log.exception("conntrack cleanup hook failed")
         return deleted

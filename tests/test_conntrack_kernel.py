@@ -22,6 +22,7 @@ from kubeplex.core.conntrack import (
     ConntrackCleaner,
     Flow,
     FlowFilter,
+    FrontendFilter,
     NetlinkConntrack,
     clear_flows,
     stale_flow_filters,
@@ -29,6 +30,7 @@ from kubeplex.core.conntrack import (
 from kubeplex.core.model import IPFamily
 from kubeplex.testing.dataplane import (
     DataplaneCluster,
+    NodeAgent,
     endpoint,
     endpoint_slice,
     service,
@@ -61,31 +63,61 @@ def dns_slice(*ips: str, protocol: str = "UDP") -> dict[str, Any]:
     return endpoint_slice("dns", [endpoint(ip, NODE) for ip in ips], port=8081, protocol=protocol)
 
 
+def test_a_newly_active_service_clears_only_flows_not_dnated_to_a_serving_endpoint() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(dns_slice(EP_A, EP_B))
+    why = "default/dns has endpoints again"
+    serving = frozenset({(EP_A, 8081), (EP_B, 8081)})
+    plan = stale_flow_filters(state.checkout())[IPFamily.IPv4]
+    assert not plan.full
+    assert plan.filters == (  # 0 -> 2 endpoints: flows that went nowhere are stale
+        FrontendFilter(UDP, VIP, 53, serving, why),
+        FrontendFilter(UDP, "192.0.2.1", 53, serving, why),
+        FrontendFilter(UDP, "192.0.2.2", 53, serving, why),
+        FrontendFilter(UDP, None, 30053, serving, why),
+    )
+    assert plan.frontends == {(UDP, ip, 53) for ip in (VIP, "192.0.2.1", "192.0.2.2")}
+
+
 def test_a_stale_endpoint_clears_flows_to_every_service_address_dnated_to_it() -> None:
     state = ClusterState(NODE, (IPFamily.IPv4,))
     state.set_service(udp_service())
     state.set_endpoint_slice(dns_slice(EP_A, EP_B))
-    first = stale_flow_filters(state.checkout())
-    assert first == {  # 0 -> 2 endpoints: newly active, flows to it may be blackholed
-        IPFamily.IPv4: [
-            FlowFilter(UDP, VIP, 53, reason="default/dns has endpoints again"),
-            FlowFilter(UDP, "192.0.2.1", 53, reason="default/dns has endpoints again"),
-            FlowFilter(UDP, "192.0.2.2", 53, reason="default/dns has endpoints again"),
-            FlowFilter(UDP, None, 30053, reason="default/dns has endpoints again"),
-        ]
-    }
+    state.checkout()
     state.set_endpoint_slice(dns_slice(EP_A))
     why = f"default/dns lost endpoint {EP_B}:8081"
-    assert stale_flow_filters(state.checkout()) == {
-        IPFamily.IPv4: [
-            FlowFilter(UDP, VIP, None, EP_B, 8081, why),
-            FlowFilter(UDP, "192.0.2.1", None, EP_B, 8081, why),
-            FlowFilter(UDP, "192.0.2.2", None, EP_B, 8081, why),
-            FlowFilter(UDP, None, 30053, EP_B, 8081, why),
-        ]
-    }
-    state.set_endpoint_slice(dns_slice(EP_A))  # no change: nothing to clear
+    assert stale_flow_filters(state.checkout())[IPFamily.IPv4].filters == (
+        FlowFilter(UDP, VIP, None, EP_B, 8081, why),
+        FlowFilter(UDP, "192.0.2.1", None, EP_B, 8081, why),
+        FlowFilter(UDP, "192.0.2.2", None, EP_B, 8081, why),
+        FlowFilter(UDP, None, 30053, EP_B, 8081, why),
+    )
+    state.set_endpoint_slice(dns_slice(EP_A, EP_B, "10.244.2.3"))  # more: nothing is stale
     assert stale_flow_filters(state.checkout()) == {}
+    state.set_endpoint_slice(dns_slice(EP_A, EP_B, "10.244.2.3"))  # no change either
+    assert stale_flow_filters(state.checkout()) == {}
+
+
+def test_a_full_sync_reconciles_every_connectionless_service() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(dns_slice(EP_A))
+    state.set_service(service("idle", "10.96.0.11", 30053, protocol="UDP"))  # no endpoints
+    state.set_service(service("web", "10.96.0.12", 80))
+    state.set_endpoint_slice(endpoint_slice("web", [endpoint(EP_A, NODE)]))
+    plan = stale_flow_filters(state.checkout(full=True))[IPFamily.IPv4]
+    assert plan.full
+    assert plan.filters == (
+        FrontendFilter(UDP, VIP, 53, frozenset({(EP_A, 8081)}), "default/dns reconciled"),
+        FrontendFilter(UDP, "192.0.2.1", 53, frozenset({(EP_A, 8081)}), "default/dns reconciled"),
+        FrontendFilter(UDP, "192.0.2.2", 53, frozenset({(EP_A, 8081)}), "default/dns reconciled"),
+        FrontendFilter(UDP, None, 30053, frozenset({(EP_A, 8081)}), "default/dns reconciled"),
+        FrontendFilter(UDP, "10.96.0.11", 30053, frozenset(), "default/idle reconciled"),
+    )  # and nothing for TCP
+    # A partial sync asks for it too when the cleaner has not reconciled the family yet.
+    state.set_endpoint_slice(dns_slice(EP_A, EP_B))
+    assert stale_flow_filters(state.checkout(), {IPFamily.IPv4})[IPFamily.IPv4].full
 
 
 def test_a_deleted_service_clears_its_cluster_ip() -> None:
@@ -96,24 +128,32 @@ def test_a_deleted_service_clears_its_cluster_ip() -> None:
     state.delete_service("default", "dns")
     why = f"service IP {VIP} deleted"
     # The endpoint is stale too, but its Service is gone: the cluster IP covers it.
-    assert stale_flow_filters(state.checkout()) == {
-        IPFamily.IPv4: [FlowFilter(UDP, VIP, reason=why), FlowFilter(SCTP, VIP, reason=why)]
-    }
+    assert stale_flow_filters(state.checkout())[IPFamily.IPv4].filters == (
+        FlowFilter(UDP, VIP, reason=why),
+        FlowFilter(SCTP, VIP, reason=why),
+    )
 
 
-def test_sctp_flows_of_a_stale_ip_stay_while_a_live_sctp_port_uses_the_ip() -> None:
+def test_flows_of_a_stale_ip_stay_on_the_ports_a_live_service_still_serves() -> None:
     state = ClusterState(NODE, (IPFamily.IPv4,))
-    two = service("sig", VIP, 53, protocol="SCTP")
-    two["spec"]["ports"] = [
+    svc = service("sig", VIP, 53, protocol="UDP")
+    svc["spec"]["ports"] = [
         {"name": "a", "port": 53, "protocol": "UDP"},
-        {"name": "b", "port": 2905, "protocol": "SCTP"},
+        {"name": "b", "port": 5353, "protocol": "UDP"},
+        {"name": "c", "port": 2905, "protocol": "SCTP"},
+        {"name": "d", "port": 2906, "protocol": "SCTP"},
     ]
-    state.set_service(two)
+    state.set_service(svc)
     state.checkout()
-    two["spec"]["ports"] = two["spec"]["ports"][1:]
-    state.set_service(two)
-    filters = stale_flow_filters(state.checkout())[IPFamily.IPv4]
-    assert filters == [FlowFilter(UDP, VIP, reason=f"service IP {VIP} deleted")]
+    svc["spec"]["ports"] = [svc["spec"]["ports"][0], svc["spec"]["ports"][2]]
+    state.set_service(svc)
+    plan = stale_flow_filters(state.checkout())[IPFamily.IPv4]
+    live_udp, gone_udp = flow(VIP, "10.244.1.9", dport=53), flow(VIP, "10.244.1.9", dport=5353)
+    live_sctp = flow(VIP, "10.244.1.9", dport=2905, proto=SCTP)
+    gone_sctp = flow(VIP, "10.244.1.9", dport=2906, proto=SCTP)
+    table = FakeTable([live_udp, gone_udp, live_sctp, gone_sctp])
+    assert clear_flows(table, plan.filters, plan.frontends) == 2
+    assert table.deleted == [gone_udp, gone_sctp]
 
 
 def test_tcp_changes_clear_nothing() -> None:
@@ -138,9 +178,11 @@ class FakeTable:
         self.flows_ = list(flows)
         self.gone = set(gone)
         self.deleted: list[Flow] = []
+        self.listed: list[int] = []
         self.closed = False
 
     def flows(self, proto: int) -> list[Flow]:
+        self.listed.append(proto)
         return [f for f in self.flows_ if f.proto == proto]
 
     def delete(self, flow: Flow) -> bool:
@@ -169,6 +211,93 @@ def test_clear_flows_deletes_only_matching_entries_and_counts_real_deletions() -
     )
     assert clear_flows(table, [FlowFilter(UDP, VIP, None, EP_B, 8081)]) == 1
     assert table.deleted == [stale]
+
+
+def nodeport_flow(reply_src: str, *, rport: int = 8081) -> Flow:
+    return Flow(UDP, "172.18.0.9", "172.18.0.5", 40000, 30053, reply_src, "172.18.0.9", rport,
+                40000)  # fmt: skip
+
+
+def test_full_reconciliation_keeps_flows_dnated_to_serving_endpoints_only() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(dns_slice(EP_A))
+    # A ClusterIP port equal to dns' NodePort: its flows are its own, not NodePort flows.
+    state.set_service(service("metrics", "10.96.0.11", 30053, protocol="UDP"))
+    state.set_endpoint_slice(endpoint_slice("metrics", [endpoint("10.244.2.7", NODE)],
+                                            port=30053, protocol="UDP"))  # fmt: skip
+    state.set_service(service("idle", "10.96.0.12", 53, protocol="UDP"))  # no endpoints
+    plan = stale_flow_filters(state.checkout(full=True))[IPFamily.IPv4]
+    keep = [
+        flow(VIP, EP_A),  # established to the serving endpoint
+        flow("192.0.2.1", EP_A),
+        nodeport_flow(EP_A),
+        flow("10.96.0.11", "10.244.2.7", dport=30053, rport=30053),
+        flow("10.96.0.13", EP_B),  # no Service of ours
+        flow(VIP, EP_B, dport=54),  # another port of the IP
+    ]
+    stale = [
+        flow(VIP, EP_B),  # an endpoint that left while kubeplex was down
+        flow(VIP, EP_A, rport=9000),  # the endpoint's old port
+        flow(VIP, VIP, rport=53),  # never DNATed: blackholed
+        flow("192.0.2.2", VIP, rport=53),
+        nodeport_flow(EP_B),
+        nodeport_flow("172.18.0.5", rport=30053),
+        flow("10.96.0.12", EP_B),  # a Service without serving endpoints (upstream #139628)
+    ]
+    table = FakeTable([*keep, *stale, flow(VIP, EP_B, proto=SCTP)])
+    assert clear_flows(table, plan.filters, plan.frontends) == len(stale)
+    assert table.deleted == stale
+    assert table.listed == [UDP]  # one listing: no SCTP Service, so SCTP is not looked at
+
+
+def test_a_newly_active_service_keeps_flows_that_reach_a_serving_endpoint() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(endpoint_slice("dns", [endpoint(EP_A, NODE, ready=False)],
+                                            port=8081, protocol="UDP"))  # fmt: skip
+    state.checkout(full=True)
+    state.set_endpoint_slice(dns_slice(EP_A))  # ready again: 0 -> 1 serving
+    plan = stale_flow_filters(state.checkout())[IPFamily.IPv4]
+    assert not plan.full
+    table = FakeTable([flow(VIP, EP_A), flow(VIP, VIP, rport=53), nodeport_flow(EP_A)])
+    assert clear_flows(table, plan.filters, plan.frontends) == 1
+    assert table.deleted == [flow(VIP, VIP, rport=53)]
+
+
+def test_cleaner_reconciles_first_then_lists_only_when_something_can_be_stale() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_service(service("web", "10.96.0.12", 80))
+    state.set_endpoint_slice(dns_slice(EP_A))
+    tables: list[FakeTable] = []
+    fail = [True]
+
+    def factory(family: IPFamily) -> FakeTable:
+        if fail[0]:
+            raise PermissionError("netlink: operation not permitted")
+        tables.append(FakeTable([flow(VIP, EP_A), flow(VIP, EP_B)]))
+        return tables[-1]
+
+    cleaner = ConntrackCleaner(table_factory=factory)
+    cleaner(state.checkout(), SyncResult(full=False), 0.0)  # a partial first call: full anyway
+    assert cleaner.errors == 1 and not tables
+    fail[0] = False
+    state.set_endpoint_slice(endpoint_slice("web", [endpoint(EP_B, NODE)]))
+    cleaner(state.checkout(), SyncResult(full=False), 0.0)  # after a failure: full again
+    assert [t.deleted for t in tables] == [[flow(VIP, EP_B)]]
+    for change in (
+        lambda: state.set_endpoint_slice(dns_slice(EP_A, EP_B)),  # more endpoints
+        lambda: state.set_endpoint_slice(endpoint_slice("web", [])),  # TCP
+    ):
+        change()
+        cleaner(state.checkout(), SyncResult(full=False), 0.0)
+    assert len(tables) == 1  # nothing could be stale: the table was not even opened
+    state.set_endpoint_slice(dns_slice(EP_A))
+    cleaner(state.checkout(), SyncResult(full=False), 0.0)
+    assert len(tables) == 2 and tables[1].listed == [UDP]
+    cleaner(state.checkout(full=True), SyncResult(full=True), 0.0)  # a resync reconciles
+    assert len(tables) == 3 and tables[2].listed == [UDP]
 
 
 def test_cleaner_reports_per_family_and_survives_a_broken_table() -> None:
@@ -316,3 +445,88 @@ def test_deleted_udp_service_takes_its_flows_along_only_with_cleanup(
     else:
         # The Service and its rules are gone, yet the entry still delivers to web-a.
         assert answers(dp, count=1) == [WEB_A]
+
+
+# ------------------------------------------------------------------------- a restart's first sync
+
+
+def restart(dp: DataplaneCluster) -> dict[str, ConntrackCleaner]:
+    """Fresh agents (state, proxier, backend) and cleaners on the same nodes, as a daemon
+    restart (or a takeover, or a mode switch) has: the kernel keeps its rules and conntrack."""
+    for name in dp.agents:
+        dp.agents[name] = NodeAgent(dp.lab, name, dp.mode, config=dp.config, families=dp.families)
+    return with_cleaners(dp, True)
+
+
+def pinned(dp: DataplaneCluster) -> list[tuple[str, int | None]]:
+    """Where the client's pinned flow is DNATed to (empty: it has no conntrack entry)."""
+    with NetlinkConntrack(IPFamily.IPv4, dp.agent(NODE1).netns) as table:
+        mine = [f for f in table.flows(UDP) if f.orig_dst == VIP and f.orig_sport == SOURCE_PORT]
+    return [(f.reply_src, f.reply_sport) for f in mine]
+
+
+def pin_to_web_a(dp: DataplaneCluster) -> None:
+    """A flow pinned to web-a of a three-endpoint Service: web-a alone first, then 1 -> 3."""
+    with_cleaners(dp, True)
+    dp.set(*dns(WEB_A))
+    dp.sync_or_raise()
+    assert answers(dp, count=1) == [WEB_A]
+    dp.set(*dns(WEB_A, WEB_B, WEB_C))
+    dp.sync_or_raise()  # more endpoints: nothing is stale, the flow stays
+    assert answers(dp) == [WEB_A] * 3
+    assert pinned(dp) == [(EP_A, UDP_PORT)]
+
+
+@pytest.mark.kernel
+def test_a_restart_keeps_an_established_udp_flow_on_its_serving_endpoint(
+    dp: DataplaneCluster,
+) -> None:
+    pin_to_web_a(dp)
+    cleaners = restart(dp)
+    dp.set(*dns(WEB_A, WEB_B, WEB_C))
+    dp.sync_or_raise()
+    assert dp.agent(NODE1).last_result is not None and dp.agent(NODE1).last_result.full
+    assert pinned(dp) == [(EP_A, UDP_PORT)]  # the entry outlived the first sync
+    assert cleaners[NODE1].deleted.get(IPFamily.IPv4, 0) == 0
+    assert answers(dp) == [WEB_A] * 3
+
+
+@pytest.mark.kernel
+def test_a_restart_moves_a_flow_whose_endpoint_left_while_it_was_down(
+    dp: DataplaneCluster,
+) -> None:
+    pin_to_web_a(dp)
+    cleaners = restart(dp)
+    dp.set(*dns(WEB_B, WEB_C))
+    dp.sync_or_raise()
+    assert cleaners[NODE1].deleted[IPFamily.IPv4] == 1
+    after = answers(dp)
+    assert len(set(after)) == 1 and after[0] in (WEB_B, WEB_C), after
+
+
+@pytest.mark.kernel
+def test_a_restart_clears_the_flows_of_a_service_scaled_to_zero(dp: DataplaneCluster) -> None:
+    pin_to_web_a(dp)
+    cleaners = restart(dp)
+    dp.set(*dns())  # upstream #139628: no serving endpoint left, the entry must go anyway
+    dp.sync_or_raise()
+    assert cleaners[NODE1].deleted[IPFamily.IPv4] == 1
+    assert pinned(dp) == []
+    assert WEB_A not in answers(dp, count=1, timeout=0.5)
+
+
+@pytest.mark.kernel
+def test_a_first_sync_clears_a_flow_blackholed_before_its_service_had_rules(
+    dp: DataplaneCluster,
+) -> None:
+    dp.set(service("other", "10.96.0.99", 80))  # the node has rules (and conntrack) already
+    dp.sync_or_raise()
+    # The dns Service is not programmed yet: the datagram is routed to the node's default
+    # gateway and dies, and conntrack keeps the flow un-NATed (a REJECT would leave no entry).
+    assert answers(dp, count=1, timeout=0.5) == ["timeout"]
+    assert pinned(dp) == [(VIP, 53)]
+    cleaners = restart(dp)
+    dp.set(service("other", "10.96.0.99", 80), *dns(WEB_A))
+    dp.sync_or_raise()
+    assert cleaners[NODE1].deleted[IPFamily.IPv4] == 1
+    assert answers(dp, count=2) == [WEB_A] * 2
