@@ -54,6 +54,10 @@ class SyncResult:
     full: bool
     #: Backend-specific counts for metrics and logs (rules written, chains deleted, ...).
     counts: dict[str, int] = field(default_factory=dict)
+    #: Services the sync left out, by name ("namespace/name:port"), with the reason: their
+    #: rules could not be rendered or the kernel refused them. Everything else was
+    #: programmed; their previous rules stay, and the backend retries them on the next sync.
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 class Backend(ABC):
@@ -89,6 +93,8 @@ class Backend(ABC):
         """Program the kernel; raise BackendError (leaving the old rules) if it fails."""
 
     def sync(self, state: ProxyState) -> SyncResult:
+        """Render and apply. A backend may override it to isolate failing services: program
+        the others and name the failing ones in ``SyncResult.failed``, instead of raising."""
         return self.apply(self.render(state))
 
     def invalidate(self) -> None:  # noqa: B027 - optional hook

@@ -7,12 +7,13 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kubeplex.core.backend import Backend, SyncResult
 from kubeplex.core.cluster import ClusterState
-from kubeplex.core.errors import KubeplexError
+from kubeplex.core.errors import BackendError, KubeplexError
 from kubeplex.core.graph import ProxyState
+from kubeplex.core.model import IPFamily
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,11 @@ class SyncStatus:
     last_error: str = ""
     successes: int = 0
     failures: int = 0
+    #: Services the last sync left out (name -> reason), and how often one was left out.
+    failed_services: dict[str, str] = field(default_factory=dict)
+    service_failures: int = 0
+    #: The IP families the last failed sync failed in (None: all of them, or not known).
+    failed_families: tuple[IPFamily, ...] | None = None
 
 
 class Proxier:
@@ -46,15 +52,15 @@ class Proxier:
         """One sync. Returns False if it failed; the previous rules then stay in place."""
         with collector_paused():  # building the graphs allocates as much as a render
             state = self.cluster.checkout(full=full or self._need_full)
-        if state.empty:
-            return True
+        if state.empty and not self.status.failed_services:
+            return True  # (services left out last time make the backend retry them)
         started = time.monotonic()
         self.status.last_attempt = time.time()
         try:
             with collector_paused():
                 result = self.backend.sync(state)
         except KubeplexError as err:
-            return self._failed(str(err))
+            return self._failed(str(err), err.families if isinstance(err, BackendError) else None)
         except Exception as err:  # a plugin bug must not take the daemon down
             log.exception("backend %s crashed during sync", self.backend.mode)
             return self._failed(f"backend {self.backend.mode} crashed: {err!r}")
@@ -73,12 +79,24 @@ class Proxier:
             "full" if result.full else "partial",
             elapsed * 1000,
         )
+        self._report_failed_services(result)
         for listener in self.listeners:
             listener(state, result, elapsed)
         return True
 
-    def _failed(self, message: str) -> bool:
-        log.error("sync failed, previous rules left in place: %s", message)
+    def _report_failed_services(self, result: SyncResult) -> None:
+        """Services the backend left out of an otherwise successful sync: they cost only
+        themselves (their previous rules stay; the backend retries them next sync)."""
+        for name, why in sorted(result.failed.items()):
+            log.error("service %s not programmed, previous rules kept: %s", name, why)
+        self.status.failed_services = dict(result.failed)
+        self.status.service_failures += len(result.failed)
+
+    def _failed(self, message: str, families: tuple[IPFamily, ...] | None = None) -> bool:
+        # The message says what the kernel holds (a backend knows; "previous rules left in
+        # place" is not always true).
+        log.error("sync failed, the next sync is a full one: %s", message)
+        self.status.failed_families = families
         self.backend.invalidate()
         self._need_full = True
         self.status.last_error = message

@@ -1765,7 +1765,7 @@ def test_renderer_skips_a_service_it_cannot_write_and_keeps_its_old_objects() ->
     evil = replace(bad, cluster_ip="172.30.0.42" + EVIL)
     graph = ServiceGraph.build(V4, NodeInfo(NODE), {good.name: good, bad_name: evil}, eps)
     plan = r.render(graph, ChangeSet(services=frozenset({bad_name})))
-    assert list(plan.errors) == ["ns1/bad"] and plan.transaction() == ""
+    assert list(map(str, plan.errors)) == ["ns1/bad"] and plan.transaction() == ""
     plan = r.render(graph, ChangeSet(full=True))
     text = plan.transaction()
     assert "flush ruleset" not in text

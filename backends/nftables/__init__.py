@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kubeplex.backends.nftables import names
 from kubeplex.backends.nftables.kernel import NftKernel, TableObjects
@@ -23,7 +23,7 @@ from kubeplex.core.backend import Backend, BackendContext, PerFamily, Rendered, 
 from kubeplex.core.errors import BackendError
 from kubeplex.core.graph import ProxyState
 from kubeplex.core.localdetect import local_detector
-from kubeplex.core.model import IPFamily, NodeInfo, family_of
+from kubeplex.core.model import IPFamily, NodeInfo, ServicePortName, family_of
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,9 @@ _BUSY = "Device or resource busy"
 #: 0.38 s in stages of 10,000 lines.
 STAGE_MIN_LINES = 20_000
 STAGE_LINES = 10_000
+#: How often one sync re-renders without the services the kernel refused, before it gives up
+#: (and fails as a whole, as without isolation).
+ISOLATION_ATTEMPTS = 3
 
 
 def node_port_ips(
@@ -107,15 +110,53 @@ class NftablesBackend(Backend):
             service_cidrs=tuple(c for c in service_cidrs if family_of(c) is family),
         )
 
-    def render(self, state: ProxyState) -> NftablesRendered:
+    def render(
+        self,
+        state: ProxyState,
+        left_out: Mapping[IPFamily, Mapping[ServicePortName, str]] | None = None,
+    ) -> NftablesRendered:
+        """``left_out``: per family, services to keep as the kernel holds them (see sync)."""
         plans = []
         for family in self.ctx.families:
             graph = state.graphs.get(family)
             if graph is not None:
                 settings = self.settings(family, state.node, state.service_cidrs)
                 renderer = self._renderers.with_settings(family, settings)
-                plans.append(renderer.render(graph, state.changes[family]))
+                skip = (left_out or {}).get(family)
+                plans.append(renderer.render(graph, state.changes[family], skip))
         return NftablesRendered(plans)
+
+    def sync(self, state: ProxyState) -> SyncResult:
+        """Render and apply; if the kernel (or the encoder) refuses commands of some services,
+        render again without them (kept as the kernel holds them) and apply that: one broken
+        Service costs only itself. A refusal that names no service fails the sync as before."""
+        left_out: dict[IPFamily, dict[ServicePortName, str]] = {}
+        for attempt in range(ISOLATION_ATTEMPTS + 1):
+            rendered = self.render(state, left_out)
+            try:
+                return self._apply(rendered)
+            except BackendError as err:
+                culprits = {
+                    plan.settings.family: self._renderers[plan.settings.family].owners_of(
+                        plan, str(err)
+                    )
+                    for plan in rendered.plans
+                }
+                for plan in rendered.plans:
+                    self._renderers[plan.settings.family].rollback(plan)
+                found = any(culprits.values())
+                if not found or attempt == ISOLATION_ATTEMPTS:
+                    self.invalidate()
+                    raise
+                why = f"the kernel refused its rules: {err}"
+                for family, spns in culprits.items():
+                    for spn in spns:
+                        left_out.setdefault(family, {})[spn] = why
+                log.warning(
+                    "nftables sync refused; retrying without %s",
+                    ", ".join(sorted(str(s) for spns in culprits.values() for s in spns)),
+                )
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # --- apply ------------------------------------------------------------------------------
 
@@ -140,11 +181,7 @@ class NftablesBackend(Backend):
         texts = [stage for plan in plans for stage in plan.stages(STAGE_LINES)]
         texts.append("".join(plan.last_stage() for plan in plans))
         texts = [t for t in texts if t]
-        try:
-            self._kernel.run_stages(texts)
-        except BackendError:
-            self.invalidate()
-            raise
+        self._kernel.run_stages(texts)
         return len(texts)
 
     def _delete_pending(self) -> None:
@@ -166,6 +203,14 @@ class NftablesBackend(Backend):
 
     def apply(self, rendered: Rendered) -> SyncResult:
         assert isinstance(rendered, NftablesRendered)
+        try:
+            return self._apply(rendered)
+        except BackendError:
+            self.invalidate()
+            raise
+
+    def _apply(self, rendered: NftablesRendered) -> SyncResult:
+        """``apply`` without the invalidation on failure (``sync`` may retry the render)."""
         plans = rendered.plans
         self._delete_pending()
         fresh = self._find_leftovers(plans)
@@ -179,16 +224,11 @@ class NftablesBackend(Backend):
                 self._kernel.run(text)
             except BackendError as err:
                 if _BUSY not in str(err) or not any(p.chains_deleted for p in plans):
-                    self.invalidate()
                     raise
                 # Kernels before 6.2 notice only later that a chain lost its last reference
                 # from a map element: leave the chains flushed, delete them in a later sync.
                 log.info("kernel refused to delete unreferenced chains at once: deferring")
-                try:
-                    self._kernel.run(rendered.kernel_input(defer_chain_deletes=True))
-                except BackendError:
-                    self.invalidate()
-                    raise
+                self._kernel.run(rendered.kernel_input(defer_chain_deletes=True))
                 for plan in plans:
                     plan.deferred_chains = plan.stale_chains | plan.leftover_chains
             transactions = 1
@@ -201,6 +241,7 @@ class NftablesBackend(Backend):
         }
         errors: dict[str, str] = {}
         for plan in plans:
+            errors.update((str(spn), why) for spn, why in plan.errors.items())
             self._renderers[plan.settings.family].commit(plan)
             counts["chains_written"] += len(plan.chains_written)
             counts["chains_deleted"] += plan.chains_deleted
@@ -209,10 +250,8 @@ class NftablesBackend(Backend):
             fam = plan.settings.family.value
             for kind in ("internal", "external"):
                 counts[f"no_local_endpoints_{kind}_{fam}"] = plan.no_local_endpoints.get(kind, 0)
-            errors.update(plan.errors)
-        for svc, why in errors.items():
-            log.error("service %s not programmed: %s", svc, why)
-        return SyncResult(full=rendered.full, counts=counts)
+        counts["services_failed"] = len(errors)
+        return SyncResult(full=rendered.full, counts=counts, failed=errors)
 
     def invalidate(self) -> None:
         for r in self._renderers:

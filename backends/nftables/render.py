@@ -22,7 +22,8 @@ object names on a full sync, to find leftovers of earlier runs and chains gone m
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from kubeplex.backends.nftables.names import ENDPOINT_PREFIX
@@ -47,6 +48,8 @@ from kubeplex.core.model import ServicePortName
 ElemVal = tuple[str, str]
 ElemKey = tuple[str, str]
 
+
+log = logging.getLogger(__name__)
 
 _BASE_CHAIN_NAMES = frozenset(chain for chain, _, _, _ in BASE_CHAINS)
 
@@ -97,8 +100,11 @@ class FamilyPlan:
     #: Full plans: every chain, set and element the table holds afterwards.
     wanted_chains: dict[str, str] = field(default_factory=dict)
     wanted_sets: dict[str, int] = field(default_factory=dict)
-    #: Services that could not be rendered, with the reason (their old objects stay).
-    errors: dict[str, str] = field(default_factory=dict)
+    #: Services left out (not rendered, or refused by the kernel in an earlier attempt of
+    #: this sync), with the reason: their old objects stay, the next sync retries them.
+    errors: dict[ServicePortName, str] = field(default_factory=dict)
+    #: What the render changed in the renderer's caches, to undo it if the apply fails.
+    undo: RenderUndo | None = None
     no_local_endpoints: dict[str, int] = field(default_factory=dict)
     #: Chains left flushed instead of deleted (kernels before 6.2), deleted by a later sync.
     deferred_chains: set[str] = field(default_factory=set)
@@ -218,6 +224,21 @@ class FamilyPlan:
 
 
 @dataclass
+class RenderUndo:
+    """The renderer's caches as they were before a render (``FamilyRenderer.rollback``):
+    whole maps replaced by a full render, or single entries changed by a partial one (None:
+    the entry did not exist)."""
+
+    fragments: dict[ServicePortName, ServiceObjects] | None = None
+    owners: dict[ElemKey, dict[ServicePortName, ElemVal]] | None = None
+    no_local: dict[str, int] = field(default_factory=dict)
+    fragment_entries: dict[ServicePortName, ServiceObjects | None] = field(default_factory=dict)
+    owner_entries: dict[ElemKey, dict[ServicePortName, ElemVal] | None] = field(
+        default_factory=dict
+    )
+
+
+@dataclass
 class NftablesRendered(Rendered):
     plans: list[FamilyPlan]
 
@@ -264,6 +285,10 @@ class FamilyRenderer:
         self.pending_chain_deletes: set[str] = set()
         #: Services whose traffic policy Local finds no local endpoint (a metric).
         self.no_local = {"internal": 0, "external": 0}
+        #: Services the last applied plan left out: re-rendered by the next partial render.
+        self.retry: set[ServicePortName] = set()
+        #: This render's services to keep as they are (see ``render``).
+        self._left_out: Mapping[ServicePortName, str] = {}
 
     def invalidate(self) -> None:
         """Forget everything: the next render is full and trusts no record of the kernel."""
@@ -274,16 +299,66 @@ class FamilyRenderer:
         self.applied_chains = {}
         self.applied_sets = {}
         self.applied_elements = {}
+        self.retry = set()
+
+    def rollback(self, plan: FamilyPlan) -> None:
+        """Undo what rendering ``plan`` changed in the caches (its apply failed): the renderer
+        is again as after the last successful apply, and can render the same state again."""
+        undo = plan.undo
+        if undo is None:
+            return
+        if undo.fragments is not None and undo.owners is not None:
+            self.fragments, self.owners = undo.fragments, undo.owners
+        for spn, frag in undo.fragment_entries.items():
+            if frag is None:
+                self.fragments.pop(spn, None)
+            else:
+                self.fragments[spn] = frag
+        for key, owned in undo.owner_entries.items():
+            if owned is None:
+                self.owners.pop(key, None)
+            else:
+                self.owners[key] = owned
+        self.no_local = dict(undo.no_local)
+        plan.undo = None
+
+    def owners_of(self, plan: FamilyPlan, text: str) -> set[ServicePortName]:
+        """The services whose objects ``text`` (a kernel's or nft's error, naming commands)
+        mentions: by chain or set name, before and after ``plan``'s render."""
+        by_name: dict[str, ServicePortName] = {}
+        undo = plan.undo
+        sources = [self.fragments]
+        if undo is not None:
+            sources.append(undo.fragments or {})
+            sources.append({s: f for s, f in undo.fragment_entries.items() if f is not None})
+        for fragments in sources:
+            for spn, frag in fragments.items():
+                for name in (*frag.chains, *frag.sets):
+                    by_name[name] = spn
+        found: set[ServicePortName] = set()
+        for word in text.replace("@", " ").split():
+            owner = by_name.get(word.strip("\"'`,;:()"))
+            if owner is not None:
+                found.add(owner)
+        return found
 
     # --- rendering --------------------------------------------------------------------------
 
-    def render(self, graph: ServiceGraph, changes: ChangeSet) -> FamilyPlan:
+    def render(
+        self,
+        graph: ServiceGraph,
+        changes: ChangeSet,
+        left_out: Mapping[ServicePortName, str] | None = None,
+    ) -> FamilyPlan:
+        """``left_out``: services to keep as they are (the kernel refused them in this sync's
+        earlier attempt), with the reason; the rest is rendered as usual."""
         full = changes.full or self.force_full
         plan = FamilyPlan(self.settings, full, trusted=full and not self.force_full)
+        self._left_out = left_out or {}
         if full:
             self._render_full(graph, plan)
         else:
-            self._render_partial(graph, changes.services, plan)
+            self._render_partial(graph, {*changes.services, *self.retry}, plan)
         plan.no_local_endpoints = dict(self.no_local)
         return plan
 
@@ -299,14 +374,21 @@ class FamilyRenderer:
         plan: FamilyPlan,
         old: ServiceObjects | None,
     ) -> ServiceObjects | None:
+        why = self._left_out.get(spn)
+        if why is not None:
+            plan.errors[spn] = why
+            return old  # as the kernel holds it
         svc = graph.services.get(spn)
         if svc is None:
             return None
         try:
             return service_objects(svc, graph.categorized(spn), self.settings)
         except BackendError as err:
-            plan.errors[str(spn)] = str(err)
-            return old  # keep the service's last good objects
+            plan.errors[spn] = str(err)
+        except Exception as err:  # a bug for one service must not cost the others
+            log.exception("rendering nftables rules of service %s failed", spn)
+            plan.errors[spn] = f"rendering failed: {err!r}"
+        return old  # keep the service's last good objects
 
     def _render_full(self, graph: ServiceGraph, plan: FamilyPlan) -> None:
         t = self.settings.table
@@ -315,6 +397,7 @@ class FamilyRenderer:
         applied_chains = self.applied_chains
         applied_sets = self.applied_sets
         old_fragments = self.fragments
+        plan.undo = RenderUndo(old_fragments, self.owners, dict(self.no_local))
         self.fragments = {}
         self.owners = {}
         self.no_local = {"internal": 0, "external": 0}
@@ -373,11 +456,19 @@ class FamilyRenderer:
         set_adds: list[str] = []
         rules: list[str] = []
         affected: set[ElemKey] = set()
+        undo = plan.undo = RenderUndo(no_local=dict(self.no_local))
         for spn in sorted(changed):
             old = self.fragments.get(spn)
             new = self._objects(graph, spn, plan, old)
             if new is old:
                 continue
+            undo.fragment_entries.setdefault(spn, old)
+            for frag in (old, new):
+                for elem in frag.elements if frag is not None else ():
+                    key = (elem[0], elem[1])
+                    if key not in undo.owner_entries:
+                        owned = self.owners.get(key)
+                        undo.owner_entries[key] = dict(owned) if owned is not None else None
             if new is None:
                 del self.fragments[spn]
             else:
@@ -453,3 +544,5 @@ class FamilyRenderer:
             self.applied_sets.pop(name, None)
         self.pending_chain_deletes -= set(self.applied_chains)
         self.pending_chain_deletes |= plan.deferred_chains
+        self.retry = set(plan.errors)
+        plan.undo = None
