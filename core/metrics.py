@@ -13,6 +13,8 @@ which modes register which metrics, follows pkg/proxy/metrics in current Kuberne
   Local traffic policy and no local endpoint (computed from the graph when absent);
 * ``iptables_total_TABLE_F`` / ``iptables_last_TABLE_F`` — rules owned in, and rules written
   to, ``TABLE`` (``filter``, ``nat``) by the last sync (left unset when absent).
+* ``nftables_cleanup_failures_F`` — stale nftables objects that could not be removed, or
+  listings of the table that failed, since the last successful sync (added to the counter).
 """
 
 from __future__ import annotations
@@ -369,6 +371,10 @@ class ProxyMetrics:
                     key = f"{prefix}_{table}_{fam}"
                     if key in counts:
                         gauge.labels(fam, table).set(counts[key])
+
+            cleanup = counts.get(f"nftables_cleanup_failures_{fam}", 0)
+            if cleanup and self.nftables_cleanup_failures is not None:
+                self.nftables_cleanup_failures.labels(fam).inc(cleanup)
 
     def sync_failed(self, families: Iterable[IPFamily], *, partial: bool = False) -> None:
         """A sync's apply failed (the previous rules stay): the mode's failure counters."""

@@ -2264,3 +2264,36 @@ def test_a_big_first_sync_into_empty_tables_goes_in_stages(monkeypatch: pytest.M
     fresh = Harness(many_services(10))
     fresh.sync()
     assert_same_table(fresh.dump(), other.dump())
+
+
+def test_cleanup_failures_reach_the_metric() -> None:
+    """nftables_cleanup_failures_total counts stale chains that could not be deleted and
+    listings of the table that failed (no leftovers removed), per family, through the next
+    successful sync's counts."""
+    from kubeplex.core.metrics import ProxyMetrics
+    from kubeplex.core.proxier import Proxier
+
+    h = Harness(many_services(3))
+    metrics = ProxyMetrics("nftables", process_collectors=False)
+    proxier = Proxier(h.cluster, h.backend)
+    proxier.listeners.append(metrics.sync_listener)
+    name = "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total"
+    assert proxier.sync()
+    assert not metrics.value(name, {"ip_family": "IPv4"})  # (unset: never counted)
+    # A listing that fails on a full sync.
+    real_list = h.kernel.list_objects
+    h.kernel.list_objects = lambda families: None  # type: ignore[assignment,method-assign,return-value]
+    assert proxier.sync(full=True)
+    assert metrics.value(name, {"ip_family": "IPv4"}) == 1
+    h.kernel.list_objects = real_list  # type: ignore[method-assign]
+    # Stale chains whose deletion the kernel refuses (kept for the next sync).
+    renderer = h.backend._renderers[V4]
+    renderer.pending_chain_deletes = {"endpoint-GONE"}
+    h.feed([endpoint_slice("ns1", "web", [ep("10.0.1.7", NODE)])])
+    h.kernel.refuse = "nft -f failed: Device or resource busy"
+    assert proxier.sync()
+    assert metrics.value(name, {"ip_family": "IPv4"}) == 2
+    assert renderer.pending_chain_deletes == {"endpoint-GONE"}
+    renderer.pending_chain_deletes.clear()
+    assert proxier.sync(full=True)  # nothing failed: nothing counted
+    assert metrics.value(name, {"ip_family": "IPv4"}) == 2

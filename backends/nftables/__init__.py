@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from kubeplex.backends.nftables import names
 from kubeplex.backends.nftables.kernel import NftKernel, TableObjects
@@ -90,6 +90,13 @@ class NftablesBackend(Backend):
         super().__init__(ctx)
         self._renderers = PerFamily(FamilyRenderer)
         self._kernel = NftKernel(ctx.netns)
+        #: Cleanup failures (stale chains not deleted, table listings that failed) per family,
+        #: not yet reported: the next successful sync's counts carry them to the metric.
+        self._cleanup_failures: dict[IPFamily, int] = {}
+
+    def _cleanup_failed(self, families: Iterable[IPFamily]) -> None:
+        for family in families:
+            self._cleanup_failures[family] = self._cleanup_failures.get(family, 0) + 1
 
     # --- render -----------------------------------------------------------------------------
 
@@ -168,7 +175,9 @@ class NftablesBackend(Backend):
             return False
         found = self._kernel.list_objects(p.settings.ip for p in full)
         if found is None:
-            return False  # listing failed (logged): no leftovers removed, nothing repaired
+            # Listing failed (logged): no leftovers removed, nothing repaired.
+            self._cleanup_failed(p.settings.family for p in full)
+            return False
         for plan in full:
             objs = found.get(plan.settings.ip, TableObjects())
             plan.found_in_kernel(objs.chains, objs.sets, objs.maps)
@@ -197,6 +206,9 @@ class NftablesBackend(Backend):
             self._kernel.run("".join(lines))
         except BackendError as err:
             log.warning("stale nftables chains not deleted yet, will retry: %s", err)
+            self._cleanup_failed(
+                r.settings.family for r in self._renderers if r.pending_chain_deletes
+            )
             return
         for r in self._renderers:
             r.pending_chain_deletes.clear()
@@ -251,6 +263,9 @@ class NftablesBackend(Backend):
             for kind in ("internal", "external"):
                 counts[f"no_local_endpoints_{kind}_{fam}"] = plan.no_local_endpoints.get(kind, 0)
         counts["services_failed"] = len(errors)
+        for family, failures in self._cleanup_failures.items():
+            counts[f"nftables_cleanup_failures_{family.value}"] = failures
+        self._cleanup_failures = {}
         return SyncResult(full=rendered.full, counts=counts, failed=errors)
 
     def invalidate(self) -> None:
