@@ -558,7 +558,7 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
     by_type: dict[str, list[str]] = {"InternalIP": [], "ExternalIP": []}
     for i, raw in enumerate(f.seq(status.get("addresses"), "status.addresses")):
         a = f.mapping(raw, f"status.addresses[{i}]")
-        kind = a.get("type")
+        kind = f.string(a.get("type"), f"status.addresses[{i}].type")
         if kind in by_type:
             ip = f.ip(a.get("address"), f"status.addresses[{i}].address")
             if ip:
