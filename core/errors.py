@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kubeplex.core.model import IPFamily
 
 
 class KubeplexError(Exception):
@@ -32,4 +36,12 @@ class InvalidObject(KubeplexError):
 
 
 class BackendError(KubeplexError):
-    """A dataplane could not render or apply; the previous rules stay in place."""
+    """A dataplane could not render or apply; the message says what the kernel holds.
+
+    ``families`` are the IP families whose sync failed (None: all of them), so failure
+    metrics count only those.
+    """
+
+    def __init__(self, message: str, families: Iterable[IPFamily] | None = None) -> None:
+        super().__init__(message)
+        self.families: tuple[IPFamily, ...] | None = None if families is None else tuple(families)

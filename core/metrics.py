@@ -377,7 +377,7 @@ class ProxyMetrics:
                 self.nftables_cleanup_failures.labels(fam).inc(cleanup)
 
     def sync_failed(self, families: Iterable[IPFamily], *, partial: bool = False) -> None:
-        """A sync's apply failed (the previous rules stay): the mode's failure counters."""
+        """The sync of ``families`` failed: the mode's failure counters of just those."""
         for family in families:
             fam = family.value
             if self.iptables_restore_failures is not None:

@@ -119,7 +119,11 @@ class Operations:
             # Also when there was nothing to do: the rules reflect everything seen.
             self.health.updated(self.families)
         else:
-            self.metrics.sync_failed(self.families, partial=not will_be_full)
+            # Only the families that failed (an IPv4 restore failure is no IPv6 failure).
+            failed = self.proxier.status.failed_families
+            self.metrics.sync_failed(
+                self.families if failed is None else failed, partial=not will_be_full
+            )
             # The changes this sync consumed are not in the kernel: stale until one succeeds.
             self.health.queued_update(self.families)
         self._publish_pending()

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kubeplex.core.backend import SyncResult
+from kubeplex.core.backend import Backend, BackendContext, Rendered, SyncResult
 from kubeplex.core.cluster import ClusterState
+from kubeplex.core.config import default_config
+from kubeplex.core.errors import BackendError
 from kubeplex.core.graph import ProxyState
 from kubeplex.core.healthcheck import HTTPServing
 from kubeplex.core.metrics import (
@@ -25,6 +27,8 @@ from kubeplex.core.metrics import (
     read_nfacct,
 )
 from kubeplex.core.model import IPFamily
+from kubeplex.core.operations import start_operations
+from kubeplex.core.proxier import Proxier
 from kubeplex.testing.dataplane import endpoint, endpoint_slice, service
 from kubeplex.testing.netlab import unique_prefix
 
@@ -334,3 +338,77 @@ def test_nfacct_counter_is_read_in_the_nodes_namespace() -> None:
         assert read_nfacct(NFACCT_LOCALHOST_NODEPORTS_ACCEPTED, ns) == 3
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+# ------------------------------------------------------------------------- failure counters
+
+
+class FailingBackend(Backend):
+    """Dual-stack; ``fail`` is what apply raises (None: it succeeds)."""
+
+    mode = "iptables"
+
+    def __init__(self) -> None:
+        super().__init__(BackendContext(default_config(), NODE, DUAL))
+        self.fail: BackendError | None = None
+
+    def render(self, state: ProxyState) -> Rendered:
+        return _Rendered(state.is_full())
+
+    def apply(self, rendered: Rendered) -> SyncResult:
+        if self.fail is not None:
+            raise self.fail
+        return SyncResult(full=rendered.full)
+
+    def cleanup(self) -> None:
+        pass
+
+
+@dataclass
+class _Rendered(Rendered):
+    is_full: bool
+
+    @property
+    def full(self) -> bool:
+        return self.is_full
+
+    def __str__(self) -> str:
+        return ""
+
+
+DUAL = (IPFamily.IPv4, IPFamily.IPv6)
+RESTORE_FAILURES = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
+PARTIAL_FAILURES = "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"
+
+
+def failures(m: ProxyMetrics) -> dict[str, tuple[float, float]]:
+    """(restore, partial restore) failures per family."""
+    return {
+        f.value: (
+            m.value(RESTORE_FAILURES, {"ip_family": f.value}) or 0.0,
+            m.value(PARTIAL_FAILURES, {"ip_family": f.value}) or 0.0,
+        )
+        for f in DUAL
+    }
+
+
+def test_a_failed_sync_counts_only_the_families_that_failed() -> None:
+    cluster = ClusterState(NODE, DUAL)
+    backend = FailingBackend()
+    m = new_metrics(process_collectors=False)
+    ops = start_operations(
+        default_config(), Proxier(cluster, backend), cluster, serve=False, sysctls=False, metrics=m
+    )
+    try:
+        cluster.set_service(service("web", "10.96.0.50", 80, secondary_cluster_ip="fd00::50"))
+        assert ops.sync(full=True)
+        cluster.set_service(service("web", "10.96.0.50", 81, secondary_cluster_ip="fd00::50"))
+        backend.fail = BackendError("IPv4: iptables-restore failed", families=[IPFamily.IPv4])
+        assert not ops.sync()  # a partial sync, failed in IPv4 only
+        assert failures(m) == {"IPv4": (1, 1), "IPv6": (0, 0)}
+
+        backend.fail = BackendError("both failed")  # no families: all of them
+        assert not ops.sync()  # the retry is full: no partial failure
+        assert failures(m) == {"IPv4": (2, 1), "IPv6": (1, 0)}
+    finally:
+        ops.stop()

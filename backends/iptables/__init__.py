@@ -8,7 +8,8 @@ import shutil
 
 from kubeplex.backends.iptables import names
 from kubeplex.backends.iptables.kernel import IptablesKernel, prelude
-from kubeplex.backends.iptables.render import FamilyRenderer, IptablesRendered
+from kubeplex.backends.iptables.render import FamilyPlan, FamilyRenderer, IptablesRendered
+from kubeplex.backends.iptables.rollback import Before, restore_all
 from kubeplex.backends.iptables.rules import (
     NFACCT_INVALID_DROPPED,
     NFACCT_LOCALHOST_NODEPORTS,
@@ -130,57 +131,60 @@ class IptablesBackend(Backend):
         self._prepared = True
 
     def apply(self, rendered: Rendered) -> SyncResult:
+        """Each family all or nothing, and independent: one family's failure leaves its
+        previous rules and does not keep the other family from being written."""
         assert isinstance(rendered, IptablesRendered)
         counts = {"rules": 0, "chains_deleted": 0, "restores": 0}
-        errors = {}
+        errors: dict[str, str] = {}
+        failed: dict[IPFamily, str] = {}
         for plan in rendered.plans:
-            kernel = self._kernels[plan.family]
-            renderer = self._renderers[plan.family]
-            extra: dict[str, list[str]] = {}
-            existing = set(renderer.applied_nat)
-            if plan.full:
-                saved = kernel.save()
-                existing = saved.chains.get("nat", set())
-                # Chains left by an earlier run (or process) that nothing needs any more.
-                for chain in saved.chains.get("nat", set()):
-                    if names.is_service_chain(chain) and chain not in plan.nat_wanted:
-                        plan.delete.add(chain)
-                extra = prelude(saved, {"filter": set(plan.filter), "nat": set(plan.nat)})
-                if plan.family is IPFamily.IPv4 and renderer.settings.localhost_node_ports:
-                    # Localhost NodePorts need martian 127/8 destinations to be routable.
-                    kernel.sysctl("net.ipv4.conf.all.route_localnet", "1")
-            if plan.empty and not extra:
-                renderer.commit(plan)
-                continue
             try:
-                for text in plan.batches(extra, existing):
-                    kernel.restore(text)
-            except BackendError:
-                renderer.invalidate()
-                raise
-            renderer.commit(plan)
-            if plan.full:
-                # NodePort addresses follow the interfaces; a change re-renders everything.
-                self._host_addresses = kernel.interface_addresses()
-            counts["restores"] += 1
-            fam = plan.family.value
-            for table, written in (("filter", plan.filter), ("nat", plan.nat)):
-                counts[f"iptables_total_{table}_{fam}"] = renderer.rules_owned[table]
-                counts[f"iptables_last_{table}_{fam}"] = sum(map(len, written.values()))
-            counts["rules"] += sum(len(r) for r in plan.filter.values()) + sum(
-                len(r) for r in plan.nat.values()
-            )
-            counts["chains_deleted"] += len(plan.delete)
-            errors.update(plan.errors)
-            counts[f"no_local_endpoints_internal_{plan.family.value}"] = (
-                plan.no_local_endpoints.get("internal", 0)
-            )
-            counts[f"no_local_endpoints_external_{plan.family.value}"] = (
-                plan.no_local_endpoints.get("external", 0)
-            )
+                self._apply_plan(plan, counts, errors)
+            except BackendError as err:
+                self._renderers[plan.family].invalidate()
+                failed[plan.family] = f"{plan.family.value}: {err}"
         for svc, why in errors.items():
             log.error("service %s not programmed: %s", svc, why)
+        if failed:
+            raise BackendError("; ".join(failed.values()), families=tuple(failed))
         return SyncResult(full=rendered.full, counts=counts)
+
+    def _apply_plan(self, plan: FamilyPlan, counts: dict[str, int], errors: dict[str, str]) -> None:
+        kernel = self._kernels[plan.family]
+        renderer = self._renderers[plan.family]
+        extra: dict[str, list[str]] = {}
+        existing = set(renderer.applied_nat)
+        before = Before(applied={"filter": renderer.applied_filter, "nat": renderer.applied_nat})
+        if plan.full:
+            saved = kernel.save()
+            before = Before(saved=saved)
+            existing = saved.chains.get("nat", set())
+            # Chains left by an earlier run (or process) that nothing needs any more.
+            for chain in saved.chains.get("nat", set()):
+                if names.is_service_chain(chain) and chain not in plan.nat_wanted:
+                    plan.delete.add(chain)
+            extra = prelude(saved, {"filter": set(plan.filter), "nat": set(plan.nat)})
+            if plan.family is IPFamily.IPv4 and renderer.settings.localhost_node_ports:
+                # Localhost NodePorts need martian 127/8 destinations to be routable.
+                kernel.sysctl("net.ipv4.conf.all.route_localnet", "1")
+        if plan.empty and not extra:
+            renderer.commit(plan)
+            return
+        restore_all(kernel, plan.batches(extra, existing), before)
+        renderer.commit(plan)
+        if plan.full:
+            # NodePort addresses follow the interfaces; a change re-renders everything.
+            self._host_addresses = kernel.interface_addresses()
+        counts["restores"] += 1
+        fam = plan.family.value
+        for table, written in (("filter", plan.filter), ("nat", plan.nat)):
+            counts[f"iptables_total_{table}_{fam}"] = renderer.rules_owned[table]
+            counts[f"iptables_last_{table}_{fam}"] = sum(map(len, written.values()))
+        counts["rules"] += plan.rule_count
+        counts["chains_deleted"] += len(plan.delete)
+        errors.update(plan.errors)
+        counts[f"no_local_endpoints_internal_{fam}"] = plan.no_local_endpoints.get("internal", 0)
+        counts[f"no_local_endpoints_external_{fam}"] = plan.no_local_endpoints.get("external", 0)
 
     def invalidate(self) -> None:
         for r in self._renderers:
