@@ -21,7 +21,7 @@ from kubeplex.core.config import KubeProxyConfiguration, default_config, load_co
 from kubeplex.core.errors import InvalidObject, KubeplexError
 from kubeplex.core.proxier import Proxier, collector_paused
 from kubeplex.core.runner import SyncRunner
-from kubeplex.core.sources.manifests import ManifestSource
+from kubeplex.core.sources.manifests import ManifestSource, ManifestsUnavailable
 from kubeplex.core.version import __version__
 
 if TYPE_CHECKING:
@@ -292,7 +292,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         proxier = Proxier(cluster, backend)
         if args.once:
             # Just the rules: no servers, sysctls or conntrack work (nor their imports).
-            return EXIT_OK if proxier.sync(full=True) else EXIT_SYNC_FAILED
+            if not proxier.sync(full=True):
+                return EXIT_SYNC_FAILED
+            # The rest is programmed; what was skipped is logged, and the exit code says so.
+            if manifests is not None and (manifests.problems or cluster.invalid):
+                return EXIT_CONFIG
+            return EXIT_OK
 
         # Health and metrics servers, conntrack cleanup and sysctls.
         from kubeplex.core.operations import start_operations
@@ -345,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidObject as err:
         print(f"kubeplex: invalid configuration: {err}", file=sys.stderr)
         return EXIT_CONFIG
-    except FileNotFoundError as err:
+    except (FileNotFoundError, ManifestsUnavailable) as err:
         print(f"kubeplex: {err}", file=sys.stderr)
         return EXIT_CONFIG
     except KubeplexError as err:

@@ -14,7 +14,7 @@ import pytest
 from kubeplex.core.cluster import ClusterState
 from kubeplex.core.errors import InvalidObject
 from kubeplex.core.model import IPFamily, ServicePortName
-from kubeplex.core.sources.manifests import ManifestSource
+from kubeplex.core.sources.manifests import ManifestSource, ManifestsUnavailable
 
 V4 = IPFamily.IPv4
 NODE = "node-a"
@@ -28,6 +28,12 @@ def write(path: Path, text: str) -> Path:
     stamp = next(_mtime)
     os.utime(path, (stamp, stamp))
     return path
+
+
+def settled(source: ManifestSource) -> bool:
+    """Poll until a change has settled (the source waits for a quiet folder); True if one
+    was applied."""
+    return any([source.poll() for _ in range(source.settle_polls + 1)])
 
 
 def spn(name: str, port: str = "http") -> ServicePortName:
@@ -135,7 +141,7 @@ def test_single_file_path(tmp_path: Path, cluster: ClusterState) -> None:
 
 
 def test_missing_path(tmp_path: Path, cluster: ClusterState) -> None:
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(ManifestsUnavailable, match="does not exist"):
         ManifestSource(tmp_path / "nope", cluster).load()
 
 
@@ -202,7 +208,7 @@ def test_invalid_yaml_keeps_the_previous_objects_of_that_file(
 
     write(web, "kind: Service\nmetadata: {name: web\n  oops: [\n")
     write(tmp_path / "db.yaml", service_yaml("db", "10.96.0.20", port=5432))
-    assert source.poll()
+    assert settled(source)
     (problem,) = source.problems
     assert problem.file == str(web)
     assert problem.message.startswith("line ")
@@ -217,7 +223,7 @@ def test_invalid_yaml_keeps_the_previous_objects_of_that_file(
 
     # Fixed again: the problem is gone, and the unchanged object is no change.
     write(web, service_yaml("web", "10.96.0.10"))
-    assert not source.poll()
+    assert not settled(source)
     assert source.problems == []
     assert cluster.checkout().empty
 
@@ -236,7 +242,7 @@ def test_editing_a_file_feeds_only_the_difference(tmp_path: Path, cluster: Clust
     source = ManifestSource(tmp_path, cluster)
     source.load()
     cluster.checkout()
-    assert not source.poll()  # nothing changed on disk
+    assert not settled(source)  # nothing changed on disk
     assert not cluster.changed.is_set()
 
     write(
@@ -249,7 +255,7 @@ def test_editing_a_file_feeds_only_the_difference(tmp_path: Path, cluster: Clust
         + "---\n"
         + slice_yaml("db-1", "db", "10.244.1.3"),
     )
-    assert source.poll()
+    assert settled(source)
     assert cluster.pending() == (0, 1)
     state = cluster.checkout()
     changes = state.changes[V4]
@@ -267,7 +273,7 @@ def test_touching_a_file_without_changing_it_is_no_change(
     source.load()
     cluster.checkout()
     write(file, service_yaml("web", "10.96.0.10"))
-    assert not source.poll()
+    assert not settled(source)
     assert cluster.checkout().empty
 
 
@@ -282,7 +288,7 @@ def test_deleting_a_file_deletes_its_objects(tmp_path: Path, cluster: ClusterSta
     cluster.checkout()
 
     web.unlink()
-    assert source.poll()
+    assert settled(source)
     state = cluster.checkout()
     assert state.changes[V4].services == {spn("web")}
     assert set(state.graphs[V4].services) == {spn("db")}
@@ -299,7 +305,7 @@ def test_removing_an_object_from_a_file_deletes_it(tmp_path: Path, cluster: Clus
     source.load()
     cluster.checkout()
     write(file, service_yaml("db", "10.96.0.20"))
-    assert source.poll()
+    assert settled(source)
     state = cluster.checkout()
     assert state.changes[V4].services == {spn("web")}
     assert set(state.graphs[V4].services) == {spn("db")}
@@ -314,7 +320,7 @@ def test_a_fixed_object_replaces_the_last_valid_version(
     cluster.checkout()
 
     write(file, service_yaml("web", "10.96.0.10", port=70000))
-    source.poll()
+    settled(source)
     assert sink.messages == [
         f"{file}: Service prod/web: spec.ports[0].port: must be between 1 and 65535, got 70000"
     ]
@@ -323,7 +329,7 @@ def test_a_fixed_object_replaces_the_last_valid_version(
     assert state.graphs[V4].services[spn("web")].port == 80  # the last valid version
 
     write(file, service_yaml("web", "10.96.0.10", port=8000))
-    source.poll()
+    settled(source)
     assert cluster.invalid == {}
     assert services(cluster) == {spn("web"): 8000}
 
@@ -365,13 +371,13 @@ def test_service_cidrs_are_loaded_changed_and_deleted(
             "{name: kubernetes}", "{name: kubernetes, namespace: prod}"
         ),
     )
-    assert source.poll()
+    assert settled(source)
     state = cluster.checkout()
     assert state.is_full()
     assert state.service_cidrs == ("10.96.0.0/12", "fd00:10:96::/112")
 
     write(file, service_cidr_yaml("kubernetes", "10.96.0.0/12", "10.97.0.0/16"))
-    source.poll()
+    settled(source)
     assert sink.messages == [
         f"{file}: ServiceCIDR kubernetes: spec.cidrs: may hold at most one CIDR per IP family,"
         " got two IPv4 CIDRs"
@@ -380,7 +386,7 @@ def test_service_cidrs_are_loaded_changed_and_deleted(
 
     (tmp_path / "list.json").unlink()
     file.unlink()
-    assert source.poll()
+    assert settled(source)
     assert cluster.invalid == {}
     state = cluster.checkout()
     assert state.is_full() and state.service_cidrs == ()

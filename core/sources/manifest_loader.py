@@ -1,0 +1,185 @@
+"""One manifest file's documents, parsed within bounds.
+
+A manifest folder is written by people and by tools, and kubeplex runs as root: a file must not
+be able to exhaust memory, the stack, or the time of every later sync. Three bounds hold for
+each file:
+
+* **size**: at most MAX_FILE_BYTES (64 MiB; the API server takes 3 MiB per object, but one
+  file may hold a ``kind: List`` of a whole cluster: 10,000 Services with 10 endpoints each are
+  13 MB of JSON). A larger file is refused from its size alone, before it is read.
+* **depth**: at most MAX_DEPTH (100) nested mappings and lists; Kubernetes objects need about
+  ten. Deeper data would blow Python's recursion limit wherever it is compared or printed.
+* **aliases**: YAML anchors and aliases may make the document at most MAX_ALIAS_EXPANSION nodes
+  and characters bigger than the file's own text (a 699-byte "billion laughs" stands for
+  387 million strings). A recursive alias is refused too.
+
+libyaml (CSafeLoader) parses files without anchors as before; only a file with an ``&`` goes
+through the guarded path that measures the node graph (each shared node once) before building
+the Python objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import yaml
+
+MAX_FILE_BYTES = 64 * 2**20
+MAX_DEPTH = 100
+MAX_ALIAS_EXPANSION = 1_000_000
+
+# libyaml's parser where PyYAML was built with it: an order of magnitude faster on big folders.
+_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class ManifestFileError(Exception):
+    """A file that cannot be used; the message says why (and where, if it can)."""
+
+
+def read_bounded(fd: int, size: int, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of an open file whose fstat gave ``size``; refuses a file over the bound
+    without reading it (and stops reading if it grew past the bound meanwhile)."""
+    if size > max_bytes:
+        raise ManifestFileError(_too_big(size, max_bytes))
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := os.read(fd, max(size, 1 << 16)):
+        total += len(chunk)
+        if total > max_bytes:
+            raise ManifestFileError(_too_big(total, max_bytes))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_big(size: int, max_bytes: int) -> str:
+    return f"is {size} bytes, more than the {max_bytes // 2**20} MiB a manifest file may have"
+
+
+def load_documents(path: str, data: bytes) -> list[Any]:
+    """The documents of one file (JSON if it ends in ``.json``, else YAML), within the bounds.
+    Raises ManifestFileError with a message fit for one log line."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ManifestFileError(f"not UTF-8 text: byte {err.start}") from None
+    if path.endswith(".json"):
+        docs = [_load_json(text)]
+    elif "&" in text:  # an anchor: aliases can expand it, measure before building
+        return _load_yaml_guarded(text)
+    else:
+        docs = _load_yaml(text)
+    for doc in docs:
+        check_depth(doc)
+    return docs
+
+
+def _load_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ManifestFileError(f"line {err.lineno}: invalid JSON: {err.msg}") from None
+    except RecursionError:  # the C scanner stops at Python's recursion limit
+        raise ManifestFileError(_too_deep()) from None
+
+
+def _load_yaml(text: str) -> list[Any]:
+    try:
+        return list(yaml.load_all(text, Loader=_Loader))
+    except yaml.YAMLError as err:
+        raise ManifestFileError(_yaml_problem(err)) from None
+    except RecursionError:
+        raise ManifestFileError(_too_deep()) from None
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}: " if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err)
+    return f"{where}invalid YAML: {problem}"
+
+
+def _too_deep() -> str:
+    return f"nested deeper than {MAX_DEPTH} levels"
+
+
+def check_depth(doc: Any, limit: int = MAX_DEPTH) -> None:
+    """Refuse data nested deeper than ``limit``. Level by level, without recursion; only for
+    data without shared parts (JSON, YAML without anchors), where this visits each node once."""
+    level = [doc] if isinstance(doc, dict | list) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            raise ManifestFileError(_too_deep())
+        level = [
+            v
+            for o in level
+            for v in (o.values() if type(o) is dict else o)
+            if isinstance(v, dict | list)
+        ]
+
+
+def _load_yaml_guarded(text: str) -> list[Any]:
+    loader = _Loader(text)
+    budget = len(text) + MAX_ALIAS_EXPANSION
+    try:
+        docs = []
+        while loader.check_node():
+            node = loader.get_node()
+            measure(node, budget)
+            docs.append(loader.construct_document(node))
+        return docs
+    except yaml.YAMLError as err:
+        raise ManifestFileError(_yaml_problem(err)) from None
+    except RecursionError:
+        raise ManifestFileError(_too_deep()) from None
+    finally:
+        loader.dispose()
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def measure(root: yaml.Node, budget: int) -> None:
+    """Refuse a composed document whose expansion (aliases followed: one unit per node and per
+    character of a scalar) exceeds ``budget``, that nests deeper than MAX_DEPTH, or that
+    contains itself. Each distinct node is visited once, however often it is aliased."""
+    done: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded size, depth)
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        if finished:
+            on_path.discard(key)
+            kids = [done[id(c)] for c in _children(node)]
+            if isinstance(node, yaml.ScalarNode):
+                size, depth = 1 + len(node.value), 0
+            else:
+                size = 1 + sum(k[0] for k in kids)
+                depth = 1 + max((k[1] for k in kids), default=0)
+            if depth > MAX_DEPTH:
+                raise ManifestFileError(_too_deep())
+            if size > budget:
+                raise ManifestFileError(
+                    f"line {node.start_mark.line + 1}: aliases expand the document beyond "
+                    f"{MAX_ALIAS_EXPANSION} nodes and characters more than its text"
+                )
+            done[key] = (size, depth)
+            continue
+        if key in done:
+            continue
+        if key in on_path:
+            raise ManifestFileError(
+                f"line {node.start_mark.line + 1}: recursive alias (a node that contains itself)"
+            )
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node) if id(c) not in done)
