@@ -9,11 +9,12 @@ or a NodePort on any address) and was not DNATed to a serving endpoint of that S
 others are established flows that must stay where they are (upstream #122740). After each
 successful sync kubeplex deletes:
 
-* on a **full sync** (the first one after a start, a takeover or a mode switch, and every
-  resync): every stale entry of every UDP/SCTP Service, as upstream 1.33's CleanStaleEntries
-  does on each sync. A Service without serving endpoints has all its entries stale
-  (upstream #139628);
-* on a **partial sync**, only what the change set can have made stale:
+* on the **first sync** after a start, a takeover or a mode switch, and on a full sync whose
+  UDP/SCTP Services or endpoints differ from the last sync the cleaner saw (a sync that failed
+  took its change set along): every stale entry of every UDP/SCTP Service, as upstream 1.33's
+  CleanStaleEntries does on each sync, plus the cluster IPs of service ports gone since. A
+  Service without serving endpoints has all its entries stale (upstream #139628);
+* on **any other sync**, only what the change set can have made stale:
   - for every **stale endpoint** (a serving UDP/SCTP endpoint that went away) of a Service
     that still exists: the entries to the Service's frontends DNATed to that endpoint;
   - for every **stale service IP** (the cluster IP of a deleted UDP/SCTP service port): the
@@ -22,10 +23,10 @@ successful sync kubeplex deletes:
     stale entries, i.e. those made while the traffic went nowhere. Entries already DNATed to
     a serving endpoint stay.
 
-A partial sync without any of these lists nothing. ``stale_flow_filters`` turns one sync's
-``ProxyState`` into a ``CleanupPlan`` per family (pure); a ``ConntrackCleaner`` is the
-``SyncListener`` that lists the table once per family and protocol and deletes the matching
-entries. It never shells out to ``conntrack``.
+A sync without any of these (a periodic resync of an unchanged cluster, too) lists nothing.
+``stale_flow_filters`` turns one sync's ``ProxyState`` into a ``CleanupPlan`` per family
+(pure); a ``ConntrackCleaner`` is the ``SyncListener`` that lists the table once per family
+and protocol and deletes the matching entries. It never shells out to ``conntrack``.
 
 Refinements over upstream, all about not deleting live flows that are fine: an endpoint is
 matched on its port as well as its IP (a pod that serves on a new port loses the flows to the
@@ -42,7 +43,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -169,8 +170,29 @@ def _stale_endpoint_filters(graph: ServiceGraph, changes: ChangeSet) -> Iterator
             yield FlowFilter(proto, None, svc.node_port, ep.ip, ep.port, why)
 
 
-def _stale_ip_filters(changes: ChangeSet, frontends: frozenset[Frontend]) -> Iterator[FlowFilter]:
-    stale = changes.stale_service_ips
+def connectionless_changed(old: ServiceGraph, new: ServiceGraph) -> bool:
+    """True if a UDP/SCTP service port or its endpoints differ between two graphs."""
+    for graph, other in ((old, new), (new, old)):
+        for spn, svc in graph.services.items():
+            if svc.protocol in CONNECTIONLESS and (
+                other.services.get(spn) != svc or other.endpoints_of(spn) != graph.endpoints_of(spn)
+            ):
+                return True
+    return False
+
+
+def _gone_cluster_ips(old: ServiceGraph, new: ServiceGraph) -> set[str]:
+    """Cluster IPs of UDP/SCTP service ports in ``old`` and not in ``new``."""
+    return {
+        svc.cluster_ip
+        for spn, svc in old.services.items()
+        if svc.protocol in CONNECTIONLESS and spn not in new.services
+    }
+
+
+def _stale_ip_filters(
+    stale: Collection[str], frontends: frozenset[Frontend]
+) -> Iterator[FlowFilter]:
     live: dict[tuple[int, str], set[int]] = {}
     for proto, ip, port in frontends:
         if ip in stale:  # the IP was reused, or other ports of the Service are still there
@@ -199,19 +221,22 @@ def _frontend_filters(
 
 
 def stale_flow_filters(
-    state: ProxyState, reconcile: Collection[IPFamily] = ()
+    state: ProxyState,
+    reconcile: Collection[IPFamily] | None = None,
+    previous: Mapping[IPFamily, ServiceGraph] | None = None,
 ) -> dict[IPFamily, CleanupPlan]:
     """What one sync makes stale, per IP family (families with nothing to do are left out).
 
-    A family in ``reconcile`` gets the full reconciliation even on a partial sync (the
-    cleaner's first call, or one after a failed cleanup).
+    The families in ``reconcile`` (default: those whose sync is full) get the full
+    reconciliation; ``previous`` holds the graphs the last cleanup saw, whose service ports
+    that are gone now make their cluster IPs stale too.
     """
     out: dict[IPFamily, CleanupPlan] = {}
     for family, changes in state.changes.items():
         graph = state.graphs.get(family)
         if graph is None:
             continue
-        full = changes.full or family in reconcile
+        full = changes.full if reconcile is None else family in reconcile
         if not (
             full
             or changes.stale_endpoints
@@ -219,9 +244,13 @@ def stale_flow_filters(
             or changes.newly_active_services
         ):
             continue  # nothing can have become stale: do not even look at the services
+        stale_ips = set(changes.stale_service_ips)
+        before = (previous or {}).get(family)
+        if full and before is not None:
+            stale_ips |= _gone_cluster_ips(before, graph)
         frontends = _frontends(graph)
         filters: list[StaleFilter] = [*_stale_endpoint_filters(graph, changes)]
-        filters.extend(_stale_ip_filters(changes, frontends))
+        filters.extend(_stale_ip_filters(stale_ips, frontends))
         if full:
             for spn in sorted(graph.services):
                 filters.extend(_frontend_filters(graph, spn, f"{spn} reconciled"))
@@ -412,8 +441,10 @@ CleanupHook = Callable[[IPFamily, float, int], None]
 class ConntrackCleaner:
     """The SyncListener that clears stale UDP/SCTP conntrack entries after every sync.
 
-    Its first call reconciles every family fully whatever the sync was, and so does the call
-    after a family's cleanup failed (the change set that failed is gone by then). ``enabled``
+    It keeps the graphs of the last sync it saw. Its first call reconciles every family fully,
+    and so does the call after a family's cleanup failed, and a full sync whose UDP/SCTP
+    Services or endpoints differ from those graphs (the syncs in between failed, and their
+    change sets are gone). ``enabled``
     can be switched off (tests show what happens without it). Errors are logged, never
     raised: a sync whose rules are in place has succeeded whatever conntrack says.
     """
@@ -430,8 +461,9 @@ class ConntrackCleaner:
         self.enabled = enabled
         self._factory: TableFactory = table_factory or (lambda fam: NetlinkConntrack(fam, netns))
         self._on_cleaned = on_cleaned
-        #: Families fully reconciled since the start, with every cleanup since then good.
-        self._reconciled: set[IPFamily] = set()
+        #: The graphs of the last sync cleaned up after (a family whose cleanup failed is
+        #: left out: it is reconciled next time).
+        self._seen: dict[IPFamily, ServiceGraph] = {}
         #: Entries deleted so far, per family (for logs and tests).
         self.deleted: dict[IPFamily, int] = {}
         self.errors = 0
@@ -439,15 +471,18 @@ class ConntrackCleaner:
     def __call__(self, state: ProxyState, result: SyncResult, elapsed: float) -> None:
         if not self.enabled:
             return
-        unreconciled = set(state.changes) - self._reconciled
-        plans = stale_flow_filters(state, unreconciled)
-        # A family without a plan had nothing that could be stale: reconciled as it is.
-        self._reconciled |= {f for f in unreconciled - plans.keys() if f in state.graphs}
+        reconcile = set()
+        for family, graph in state.graphs.items():
+            seen = self._seen.get(family)
+            changes = state.changes.get(family)
+            full = changes is not None and changes.full
+            if seen is None or (full and connectionless_changed(seen, graph)):
+                reconcile.add(family)
+        plans = stale_flow_filters(state, reconcile, self._seen)
+        self._seen.update(state.graphs)
         for family, plan in plans.items():
             if self.clean(family, plan) is None:
-                self._reconciled.discard(family)
-            elif plan.full:
-                self._reconciled.add(family)
+                del self._seen[family]
 
     def clean(self, family: IPFamily, plan: CleanupPlan) -> int | None:
         """Apply one family's plan; the entries deleted, None if the cleanup failed."""

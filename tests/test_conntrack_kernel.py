@@ -296,8 +296,33 @@ def test_cleaner_reconciles_first_then_lists_only_when_something_can_be_stale() 
     state.set_endpoint_slice(dns_slice(EP_A))
     cleaner(state.checkout(), SyncResult(full=False), 0.0)
     assert len(tables) == 2 and tables[1].listed == [UDP]
-    cleaner(state.checkout(full=True), SyncResult(full=True), 0.0)  # a resync reconciles
-    assert len(tables) == 3 and tables[2].listed == [UDP]
+    cleaner(state.checkout(full=True), SyncResult(full=True), 0.0)  # a resync, nothing new
+    assert len(tables) == 2
+
+
+def test_a_full_sync_after_lost_change_sets_reconciles_and_clears_gone_service_ips() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(dns_slice(EP_A))
+    state.set_service(service("old", "10.96.0.11", 53, protocol="UDP"))
+    state.set_endpoint_slice(endpoint_slice("old", [endpoint(EP_B, NODE)], port=8081,
+                                            protocol="UDP"))  # fmt: skip
+    tables: list[FakeTable] = []
+
+    def factory(family: IPFamily) -> FakeTable:
+        tables.append(FakeTable([flow(VIP, EP_A), flow("10.96.0.11", EP_B), nodeport_flow(EP_A)]))
+        return tables[-1]
+
+    cleaner = ConntrackCleaner(table_factory=factory)
+    cleaner(state.checkout(full=True), SyncResult(full=True), 0.0)
+    assert tables[0].deleted == []
+    # Two syncs fail: the listener never hears of their change sets.
+    state.set_endpoint_slice(dns_slice(EP_B))
+    state.checkout()
+    state.delete_service("default", "old")
+    state.checkout()
+    cleaner(state.checkout(full=True), SyncResult(full=True), 0.0)  # the retry is a full one
+    assert tables[1].deleted == [flow(VIP, EP_A), flow("10.96.0.11", EP_B), nodeport_flow(EP_A)]
 
 
 def test_cleaner_reports_per_family_and_survives_a_broken_table() -> None:
