@@ -2,8 +2,7 @@
 
 A Service's ``numgen ... vmap`` holds one element per endpoint; from some 700 endpoints on
 (depending on name lengths) its element list no longer fits one netlink attribute (a 16-bit
-length) and goes in several
-NEWSETELEM messages, as nft sends it.
+length) and goes in several NEWSETELEM messages, as nft sends it.
 """
 
 from __future__ import annotations
