@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from kubeplex.backends.iptables import render
 from kubeplex.backends.iptables.kernel import IptablesKernel, SavedRuleset
 from kubeplex.core.errors import BackendError
 
@@ -39,18 +40,22 @@ class Before:
 
     def tables(self) -> dict[str, dict[str, list[str]]]:
         """Per table, chain -> its rules as restore lines (``-A CHAIN ...``)."""
-        if self.saved is None:
-            return {
-                t: {c: list(r) for c, r in chains.items()}
-                for t, chains in (self.applied or {}).items()
-            }
-        out: dict[str, dict[str, list[str]]] = {}
-        for table, chains in self.saved.chains.items():
-            by_chain: dict[str, list[str]] = {c: [] for c in chains}
-            for rule in self.saved.rules.get(table, []):
-                by_chain.setdefault(rule.split(" ", 2)[1], []).append(rule)
-            out[table] = by_chain
-        return out
+        if self.saved is not None:
+            return by_chain(self.saved)
+        return {
+            t: {c: list(r) for c, r in chains.items()} for t, chains in (self.applied or {}).items()
+        }
+
+
+def by_chain(saved: SavedRuleset) -> dict[str, dict[str, list[str]]]:
+    """Per table, every chain iptables-save showed -> its rules."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for table, chains in saved.chains.items():
+        rules: dict[str, list[str]] = {c: [] for c in chains}
+        for rule in saved.rules.get(table, []):
+            rules.setdefault(rule.split(" ", 2)[1], []).append(rule)
+        out[table] = rules
+    return out
 
 
 def declared(inputs: Sequence[str]) -> dict[str, dict[str, None]]:
@@ -72,27 +77,54 @@ def may_have_committed(inputs: Sequence[str], failed: int) -> bool:
     return failed > 0 or inputs[failed].count("\nCOMMIT\n") > 1
 
 
-def rollback_input(before: Before, attempted: Sequence[str], now: SavedRuleset) -> str:
-    """The restore input that turns ``now`` back into ``before`` for the chains ``attempted``
-    declares (empty if there is nothing to undo)."""
+def rollback_inputs(before: Before, attempted: Sequence[str], now: SavedRuleset) -> list[str]:
+    """The restore inputs that turn ``now`` back into ``before`` for the chains ``attempted``
+    declares (none if nothing differs), to be run in order.
+
+    Only chains whose rules differ are rewritten (a full sync rewrites every chain, mostly
+    with the same rules). Like a sync, a large rollback is split, each input at most
+    BATCH_RULES rules: first the chains a committed input deleted are created (empty), so
+    every rule written next finds its target; then the old chains' rules; last, one input
+    deletes the jumps the sync inserted and the chains it created.
+    """
     old = before.tables()
-    lines: list[str] = []
+    current = by_chain(now)
+    missing: list[str] = []
+    rewrites: list[str] = []
+    final: list[str] = []
     for table, chains in declared(attempted).items():
-        had = old.get(table, {})
-        exists = now.chains.get(table, set())
-        restore = [c for c in chains if c in had]
-        created = [c for c in chains if c not in had and c in exists]
+        had, has = old.get(table, {}), current.get(table, {})
+        restore = [c for c in chains if c in had and has.get(c) != had[c]]
+        created = [c for c in chains if c not in had and c in has]
+        gone = [c for c in restore if c not in has]
+        if gone:
+            missing += [f"*{table}", *(f":{c} - [0:0]" for c in gone), "COMMIT"]
+        rewrites += _chunks(table, {c: had[c] for c in restore})
         unjump = _inserted_jumps(table, old, now, set(chains)) if before.saved else []
-        if not (restore or created or unjump):
-            continue
-        lines.append(f"*{table}")
-        lines += [f":{c} - [0:0]" for c in (*restore, *created)]
-        for chain in restore:
-            lines += had[chain]
-        lines += unjump
-        lines += [f"-X {c}" for c in created]
-        lines.append("COMMIT")
-    return "\n".join(lines) + "\n" if lines else ""
+        if created or unjump:
+            final += [f"*{table}", *(f":{c} - [0:0]" for c in created), *unjump]
+            final += [*(f"-X {c}" for c in created), "COMMIT"]
+    out = ["\n".join(missing) + "\n"] if missing else []
+    out += rewrites
+    if final:
+        out.append("\n".join(final) + "\n")
+    return out
+
+
+def _chunks(table: str, chains: Mapping[str, Sequence[str]]) -> list[str]:
+    """Inputs that write ``chains`` (declare, then their rules), at most BATCH_RULES each."""
+    out: list[str] = []
+    lines: list[str] = []
+    size = 0
+    for chain, rules in chains.items():
+        if lines and size + len(rules) > render.BATCH_RULES:
+            out.append("\n".join([f"*{table}", *lines, "COMMIT"]) + "\n")
+            lines, size = [], 0
+        lines += [f":{chain} - [0:0]", *rules]
+        size += len(rules)
+    if lines:
+        out.append("\n".join([f"*{table}", *lines, "COMMIT"]) + "\n")
+    return out
 
 
 def _inserted_jumps(
@@ -133,8 +165,7 @@ def _undo(
         return BackendError(f"{what}; nothing was written, the previous rules are in place")
     attempted = inputs[: failed + 1]
     try:
-        undo = rollback_input(before, attempted, kernel.save())
-        if undo:
+        for undo in rollback_inputs(before, attempted, kernel.save()):
             kernel.restore(undo)
     except BackendError as rb_err:
         chains = [c for chains in declared(attempted).values() for c in chains]
