@@ -376,10 +376,22 @@ class ProxyMetrics:
             if cleanup and self.nftables_cleanup_failures is not None:
                 self.nftables_cleanup_failures.labels(fam).inc(cleanup)
 
-    def sync_failed(self, families: Iterable[IPFamily], *, partial: bool = False) -> None:
-        """The sync of ``families`` failed: the mode's failure counters of just those."""
+    def sync_failed(
+        self, families: Iterable[IPFamily], *, partial: bool = False, elapsed: float | None = None
+    ) -> None:
+        """The sync of ``families`` failed: the mode's failure counters of just those, and
+        (``elapsed``) its duration, which upstream observes for failed syncs too."""
         for family in families:
             fam = family.value
+            if elapsed is not None:
+                self.sync_proxy_rules_duration.labels(fam).observe(elapsed)
+                split = (
+                    self.sync_partial_proxy_rules_duration
+                    if partial
+                    else self.sync_full_proxy_rules_duration
+                )
+                if split is not None:
+                    split.labels(fam).observe(elapsed)
             if self.iptables_restore_failures is not None:
                 self.iptables_restore_failures.labels(fam).inc()
             if partial and self.iptables_partial_restore_failures is not None:

@@ -114,6 +114,7 @@ class Operations:
         self._publish_pending()  # what is about to be synced counts as queued and changed
         # Proxier makes the sync full after a failure or at start: a partial one otherwise.
         will_be_full = full or self.proxier.next_sync_full
+        started = time.monotonic()
         ok = bool(self.proxier.sync(full))
         if ok:
             # Also when there was nothing to do: the rules reflect everything seen.
@@ -122,7 +123,9 @@ class Operations:
             # Only the families that failed (an IPv4 restore failure is no IPv6 failure).
             failed = self.proxier.status.failed_families
             self.metrics.sync_failed(
-                self.families if failed is None else failed, partial=not will_be_full
+                self.families if failed is None else failed,
+                partial=not will_be_full,
+                elapsed=time.monotonic() - started,
             )
             # The changes this sync consumed are not in the kernel: stale until one succeeds.
             self.health.queued_update(self.families)

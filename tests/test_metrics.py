@@ -406,6 +406,10 @@ def test_a_failed_sync_counts_only_the_families_that_failed() -> None:
         backend.fail = BackendError("IPv4: iptables-restore failed", families=[IPFamily.IPv4])
         assert not ops.sync()  # a partial sync, failed in IPv4 only
         assert failures(m) == {"IPv4": (1, 1), "IPv6": (0, 0)}
+        # Its duration is observed too, as upstream does for a failed sync.
+        partial = "kubeproxy_sync_partial_proxy_rules_duration_seconds_count"
+        assert m.value(partial, {"ip_family": "IPv4"}) == 1
+        assert m.value(partial, {"ip_family": "IPv6"}) is None
 
         backend.fail = BackendError("both failed")  # no families: all of them
         assert not ops.sync()  # the retry is full: no partial failure
