@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from kubeplex.core.backend import Backend, SyncResult
 from kubeplex.core.cluster import ClusterState
 from kubeplex.core.errors import BackendError, KubeplexError
+from kubeplex.core.freezer import Freezer
 from kubeplex.core.graph import ProxyState
 from kubeplex.core.model import IPFamily
 
@@ -42,6 +43,7 @@ class Proxier:
         self.status = SyncStatus()
         self.listeners: list[SyncListener] = []
         self._need_full = True
+        self.freezer = Freezer()
 
     @property
     def next_sync_full(self) -> bool:
@@ -67,8 +69,9 @@ class Proxier:
         elapsed = time.monotonic() - started
         if result.full:
             # The graph and the render caches live until the next full sync: keep the cyclic
-            # collector from scanning them again and again (they hold no cycles).
-            gc.freeze()
+            # collector from scanning them again and again (and, now and then, free what
+            # earlier freezes held in cycles).
+            self.freezer.after_full_sync()
         self._need_full = False
         self.status.last_success = time.time()
         self.status.last_error = ""
