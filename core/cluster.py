@@ -3,6 +3,12 @@
 A source (Kubernetes API, folder of manifests) hands over raw API dicts. A malformed object is
 reported and skipped; the last good version of that object stays in effect, so one broken
 Service neither blocks the others nor removes rules that were working.
+
+A ClusterIP or node port belongs to one Service (core/allocations.py). A Service asking for
+one another Service holds is refused the same way, naming both, while the older of the two
+keeps it: older by creationTimestamp if both have one, else the one seen first (a manifest
+without one counts as created when first seen). A refused Service is checked again whenever
+an address it asked for is given up, and programmed once nothing older holds it.
 """
 
 from __future__ import annotations
@@ -10,16 +16,20 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from kubeplex.core.errors import InvalidObject
+from kubeplex.core.allocations import Claims, claims_of
+from kubeplex.core.errors import FieldError, InvalidObject, bare
 from kubeplex.core.graph import ChangeSet, ProxyState, ServiceGraph
 from kubeplex.core.model import IPFamily, NodeInfo
 from kubeplex.core.objects import (
     EndpointSliceObject,
     ServiceCIDRObject,
+    ServiceObject,
     parse_endpoint_slice,
     parse_node,
     parse_service,
@@ -37,6 +47,34 @@ ErrorSink = Callable[[InvalidObject, Mapping[str, Any]], None]
 class _FamilyTrackers:
     services: ServiceChangeTracker
     endpoints: EndpointsChangeTracker
+
+
+@dataclass(frozen=True)
+class _Version:
+    """One valid version of a Service, with what it holds and where it came from."""
+
+    svc: ServiceObject
+    claims: Claims
+    obj: Mapping[str, Any]
+    origin: str
+
+
+@dataclass
+class _ServiceEntry:
+    """A Service's place in the first-come order, the version in effect (holding its claims),
+    and a newer version refused because something older holds what it asks for."""
+
+    seq: int
+    first_seen: float
+    created: float | None = None
+    origin: str = ""
+    accepted: _Version | None = None
+    waiting: _Version | None = None
+
+    @property
+    def age(self) -> tuple[float, int]:
+        """Smaller is older."""
+        return (self.first_seen if self.created is None else self.created, self.seq)
 
 
 class ClusterState:
@@ -62,6 +100,14 @@ class ClusterState:
         self._service_cidrs: tuple[str, ...] = ()
         self._service_cidrs_changed = False
         self._invalid: dict[str, InvalidObject] = {}
+        # Service key (ns/name) -> its entry; what each ClusterIP/node port is held by; who
+        # waits for it. Only set_service/delete_service touch them (under _claims_lock).
+        self._entries: dict[str, _ServiceEntry] = {}
+        self._holders: dict[str, str] = {}
+        self._waiting_for: dict[str, set[str]] = {}
+        self._seq = 0
+        self._last_seen = 0.0
+        self._claims_lock = threading.RLock()
         #: Events received, as upstream's *_changes_total metrics count them.
         self.service_events = 0
         self.endpoint_events = 0
@@ -72,30 +118,172 @@ class ClusterState:
 
     # --- events -----------------------------------------------------------------------------
 
-    def _reject(self, key: str, err: InvalidObject, obj: Mapping[str, Any]) -> None:
+    def _reject(
+        self,
+        key: str,
+        err: InvalidObject,
+        obj: Mapping[str, Any],
+        consequence: str = "the last valid version stays in effect",
+    ) -> None:
         if self._invalid.get(key) is None or str(self._invalid[key]) != str(err):
-            log.error("skipping %s (the last valid version stays in effect)", err)
+            log.error("skipping %s (%s)", err, consequence)
             if self._on_invalid is not None:
                 self._on_invalid(err, obj)
         self._invalid[key] = err
 
     def set_service(self, obj: Mapping[str, Any], origin: str = "") -> None:
-        key = "Service " + _key_of(obj)
+        name = _key_of(obj)
+        with self._lock:
+            self.service_events += 1
         try:
             svc = parse_service(obj)
+            version = _Version(svc, claims_of(svc), obj, origin)
         except InvalidObject as err:
-            self._reject(key, _located(err, origin), obj)
+            with self._claims_lock:
+                entry = self._entries.get(name)
+                if entry is not None:  # a refused older version must not come back later
+                    self._unwait(name, entry)
+            self._reject("Service " + name, _located(err, origin), obj)
             return
-        self._invalid.pop(key, None)
-        with self._lock:
-            self.service_events += 1
-            self._notify(any([t.services.update(svc.key, svc) for t in self._all()]))
+        with self._claims_lock:
+            entry = self._entries.get(name)
+            if entry is None:
+                entry = self._entries[name] = self._new_entry()
+            entry.created, entry.origin = _creation_time(obj), origin
+            self._recheck(self._offer(name, entry, version))
 
     def delete_service(self, namespace: str, name: str) -> None:
-        self._invalid.pop(f"Service {namespace}/{name}", None)
+        key = f"{namespace}/{name}"
         with self._lock:
             self.service_events += 1
-            self._notify(any([t.services.update(f"{namespace}/{name}", None) for t in self._all()]))
+        with self._claims_lock:
+            self._invalid.pop(f"Service {key}", None)
+            entry = self._entries.pop(key, None)
+            freed: set[str] = set()
+            if entry is not None:
+                self._unwait(key, entry)
+                freed = self._release(key, entry)
+            self._program(key, None)
+            self._recheck(freed)
+
+    # --- who holds a ClusterIP or node port ----------------------------------------------------
+
+    def _new_entry(self) -> _ServiceEntry:
+        # Monotonic even if the wall clock steps back: first seen stays first.
+        self._last_seen = max(time.time(), self._last_seen)
+        self._seq += 1
+        return _ServiceEntry(self._seq, self._last_seen)
+
+    def _program(self, key: str, svc: ServiceObject | None) -> None:
+        with self._lock:
+            self._notify(any([t.services.update(key, svc) for t in self._all()]))
+
+    def _offer(self, key: str, entry: _ServiceEntry, version: _Version) -> set[str]:
+        """Program ``version`` unless an older Service holds something it asks for; take it
+        from newer holders. Returns what was given up (to re-check those waiting for it)."""
+        self._unwait(key, entry)
+        holders = {
+            what: holder
+            for what in version.claims
+            if (holder := self._holders.get(what)) is not None and holder != key
+        }
+        older = {w: h for w, h in holders.items() if self._entries[h].age < entry.age}
+        if older:
+            entry.waiting = version
+            for what in version.claims:
+                self._waiting_for.setdefault(what, set()).add(key)
+            kept = entry.accepted is not None
+            self._reject(
+                f"Service {key}",
+                self._conflict(key, version, older, "already belongs to"),
+                version.obj,
+                "the last valid version stays in effect" if kept else "not programmed",
+            )
+            return set()
+        freed = self._release(key, entry)
+        for holder in sorted(set(holders.values())):
+            freed |= self._displace(holder, key, version.claims)
+        for what in version.claims:
+            self._holders[what] = key
+        entry.accepted = version
+        self._invalid.pop(f"Service {key}", None)
+        self._program(key, version.svc)
+        return freed - set(version.claims)
+
+    def _displace(self, key: str, by: str, wanted: Claims) -> set[str]:
+        """``by``, older, takes what Service ``key`` holds: ``key`` is no longer programmed and
+        waits (its newest version) until it can be."""
+        entry = self._entries[key]
+        version = entry.accepted
+        freed = self._release(key, entry)
+        if version is None:
+            return freed
+        entry.accepted = None
+        self._program(key, None)
+        if entry.waiting is None:
+            entry.waiting = version
+        waiting = entry.waiting
+        for what in waiting.claims:
+            self._waiting_for.setdefault(what, set()).add(key)
+        taken = {what: by for what in version.claims if what in wanted}
+        self._reject(
+            f"Service {key}",
+            self._conflict(key, version, taken, "now belongs to"),
+            version.obj,
+            "its rules are removed",
+        )
+        return freed
+
+    def _release(self, key: str, entry: _ServiceEntry) -> set[str]:
+        """Give up what the version in effect holds; returns it."""
+        if entry.accepted is None:
+            return set()
+        freed = {w for w in entry.accepted.claims if self._holders.get(w) == key}
+        for what in freed:
+            del self._holders[what]
+        return freed
+
+    def _unwait(self, key: str, entry: _ServiceEntry) -> None:
+        if entry.waiting is not None:
+            for what in entry.waiting.claims:
+                waiters = self._waiting_for.get(what)
+                if waiters is not None:
+                    waiters.discard(key)
+                    if not waiters:
+                        del self._waiting_for[what]
+            entry.waiting = None
+
+    def _recheck(self, freed: set[str]) -> None:
+        """Offer again, oldest first, the refused versions that asked for what was freed."""
+        rounds = 0
+        while freed:
+            rounds += 1
+            if rounds > 2 * len(self._entries) + 2:  # cannot happen with a strict order
+                log.error("re-checking refused Services did not settle; giving up for now")
+                return
+            waiting = {k for what in freed for k in self._waiting_for.get(what, ())}
+            freed = set()
+            for key in sorted(waiting, key=lambda k: self._entries[k].age):
+                entry = self._entries[key]
+                if entry.waiting is not None:
+                    freed |= self._offer(key, entry, entry.waiting)
+
+    def _conflict(
+        self, key: str, version: _Version, holders: Mapping[str, str], verb: str
+    ) -> InvalidObject:
+        errors = []
+        for what, holder in sorted(holders.items(), key=lambda i: version.claims[i[0]]):
+            owner = self._entries[holder]
+            seen = "created earlier" if owner.created is not None else "seen first"
+            source = f", {owner.origin}" if owner.origin not in ("", version.origin) else ""
+            errors.append(
+                FieldError(
+                    version.claims[what],
+                    f"{what} {verb} Service {holder} ({seen}{source}); the API server "
+                    "allocates a ClusterIP or node port to one Service only",
+                )
+            )
+        return _located(InvalidObject(f"Service {key}", errors), version.origin)
 
     def set_endpoint_slice(self, obj: Mapping[str, Any], origin: str = "") -> None:
         key = "EndpointSlice " + _key_of(obj)
@@ -238,14 +426,32 @@ class ClusterState:
 
 
 def _key_of(obj: Mapping[str, Any]) -> str:
+    """``ns/name`` (a Node: ``name``); a value that is no string, bounded (an alias bomb)."""
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
         return "<no metadata>"
-    name = meta.get("name")
-    ns = meta.get("namespace", "default")
+    name = _part(meta.get("name"))
     if obj.get("kind") == "Node":
-        return str(name)
-    return f"{ns}/{name}"
+        return name
+    return f"{_part(meta.get('namespace', 'default'))}/{name}"
+
+
+def _part(value: Any) -> str:
+    return value if isinstance(value, str) else bare(value)
+
+
+def _creation_time(obj: Mapping[str, Any]) -> float | None:
+    """metadata.creationTimestamp (RFC 3339) in seconds; None if unset or unreadable (then
+    the time the object was first seen counts)."""
+    meta = obj.get("metadata")
+    stamp = meta.get("creationTimestamp") if isinstance(meta, Mapping) else None
+    if not isinstance(stamp, str) or len(stamp) > 64:
+        return None
+    try:
+        when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when.timestamp() if when.tzinfo is not None else None
 
 
 def _located(err: InvalidObject, origin: str) -> InvalidObject:

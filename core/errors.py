@@ -1,12 +1,73 @@
-"""Errors that name the object and the field a user has to fix."""
+"""Errors that name the object and the field a user has to fix.
+
+Messages quote user-controlled values (names, namespaces, field values) and end up in log lines
+and Kubernetes Events, so every part is bounded here: whatever the input, one error stays a few
+KB and still names the object and the field.
+"""
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kubeplex.core.model import IPFamily
+
+#: Characters of one quoted user value (a name, a field value) in a message.
+VALUE_LIMIT = 200
+#: Characters of a field path, and of one field's message.
+PATH_LIMIT = 256
+MESSAGE_LIMIT = 1024
+#: Characters of the object an error names (``file: Service ns/name``).
+WHERE_LIMIT = 512
+#: Field errors listed in one InvalidObject's message; the rest are counted.
+LISTED_ERRORS = 10
+#: Characters of the field errors of one InvalidObject, all together.
+DETAILS_LIMIT = 4096
+
+# A bounded repr: a nested structure (a YAML alias bomb) is never walked whole.
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 3
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = 8
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = VALUE_LIMIT
+
+
+def size_of(text: str) -> int:
+    """UTF-8 size of ``text`` (lone surrogates counted as their 3 bytes)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, ending in ``…(N bytes)`` (its whole size) if cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…({size_of(text)} bytes)"
+
+
+def shown(value: object, limit: int = VALUE_LIMIT) -> str:
+    """A user-controlled value as it goes into a message: a string quoted with control
+    characters escaped, anything else as a bounded repr; at most ``limit`` characters plus
+    ``…(N bytes)``."""
+    if isinstance(value, str):
+        # Escape only the head: a 10 MB value costs no 10 MB copy.
+        head = value[: limit + 1].encode("unicode_escape").decode("ascii")
+        if len(head) <= limit and len(value) <= limit:
+            return f'"{head}"'
+        return f'"{head[:limit]}"…({size_of(value)} bytes)'
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # a hostile __repr__ must not take an error message down
+        text = f"<{type(value).__name__}>"
+    return clip(text, limit)
+
+
+def bare(value: object, limit: int = VALUE_LIMIT) -> str:
+    """Like :func:`shown`, without quotes around a string that needs none (a name that
+    fits and has no control characters): for ``Service ns/name``."""
+    if isinstance(value, str) and len(value) <= limit and value.isprintable() and value:
+        return value
+    return shown(value, limit)
 
 
 class KubeplexError(Exception):
@@ -14,9 +75,12 @@ class KubeplexError(Exception):
 
 
 class FieldError(KubeplexError):
-    """One bad field: ``path`` is dotted (``iptables.minSyncPeriod``), ``message`` says why."""
+    """One bad field: ``path`` is dotted (``iptables.minSyncPeriod``), ``message`` says why.
+
+    Both are bounded (a path may hold a user's map key, a message quotes values)."""
 
     def __init__(self, path: str, message: str) -> None:
+        path, message = clip(path, PATH_LIMIT), clip(message, MESSAGE_LIMIT)
         super().__init__(f"{path}: {message}" if path else message)
         self.path = path
         self.message = message
@@ -25,14 +89,24 @@ class FieldError(KubeplexError):
 class InvalidObject(KubeplexError):
     """An object (a config file, a Service, an EndpointSlice) with one or more bad fields.
 
-    ``where`` names the object, e.g. ``Service default/web`` or ``config.yaml``.
+    ``where`` names the object, e.g. ``Service default/web`` or ``config.yaml``; ``details``
+    is the field errors as one bounded text (the first LISTED_ERRORS, then how many more).
     """
 
     def __init__(self, where: str, errors: Iterable[FieldError]) -> None:
-        self.where = where
+        self.where = clip(where, WHERE_LIMIT)
         self.errors: Sequence[FieldError] = tuple(errors)
-        lines = "; ".join(str(e) for e in self.errors)
-        super().__init__(f"{where}: {lines}" if where else lines)
+        self.details = describe_errors(self.errors)
+        super().__init__(f"{self.where}: {self.details}" if self.where else self.details)
+
+
+def describe_errors(errors: Sequence[FieldError]) -> str:
+    """The field errors joined with ``; ``, bounded in number and in size."""
+    text = "; ".join(str(e) for e in errors[:LISTED_ERRORS])
+    more = len(errors) - LISTED_ERRORS
+    if more > 0:
+        text += f"; and {more} more"
+    return clip(text, DETAILS_LIMIT)
 
 
 class BackendError(KubeplexError):
