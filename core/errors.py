@@ -35,7 +35,7 @@ _REPR.maxstring = _REPR.maxother = _REPR.maxlong = VALUE_LIMIT
 
 def size_of(text: str) -> int:
     """UTF-8 size of ``text`` (lone surrogates counted as their 3 bytes)."""
-    return len(text.encode("utf-8", "surrogatepass"))
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def clip(text: str, limit: int) -> str:
@@ -46,20 +46,30 @@ def clip(text: str, limit: int) -> str:
 
 
 def shown(value: object, limit: int = VALUE_LIMIT) -> str:
-    """A user-controlled value as it goes into a message: a string quoted with control
-    characters escaped, anything else as a bounded repr; at most ``limit`` characters plus
-    ``…(N bytes)``."""
-    if isinstance(value, str):
-        # Escape only the head: a 10 MB value costs no 10 MB copy.
-        head = value[: limit + 1].encode("unicode_escape").decode("ascii")
-        if len(head) <= limit and len(value) <= limit:
-            return f'"{head}"'
-        return f'"{head[:limit]}"…({size_of(value)} bytes)'
-    try:
-        text = _REPR.repr(value)
-    except Exception:  # a hostile __repr__ must not take an error message down
-        text = f"<{type(value).__name__}>"
-    return clip(text, limit)
+    """A user-controlled value as it goes into a message: a string quoted with what is not
+    printable escaped (newlines, terminal escapes, bidi controls), anything else as a bounded
+    repr; at most ``limit`` characters, then ``…(N bytes)`` (the whole value's size)."""
+    if not isinstance(value, str):
+        try:
+            text = _REPR.repr(value)
+        except Exception:  # a hostile __repr__ must not take an error message down
+            text = f"<{type(value).__name__}>"
+        return clip(text, limit)
+    head = value[: limit + 1]  # only the head is looked at: a 10 MB value costs no copy
+    cut = len(value) > limit
+    if head.isprintable():
+        text = head[:limit]
+    else:
+        pieces, size = [], 0
+        for char in head:
+            piece = char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+            if size + len(piece) > limit:
+                cut = True  # an escape is never cut in half
+                break
+            pieces.append(piece)
+            size += len(piece)
+        text = "".join(pieces)
+    return f'"{text}"…({size_of(value)} bytes)' if cut else f'"{text}"'
 
 
 def bare(value: object, limit: int = VALUE_LIMIT) -> str:

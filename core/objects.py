@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubeplex.core.errors import FieldError, InvalidObject
+from kubeplex.core.errors import FieldError, InvalidObject, shown
 from kubeplex.core.model import (
     IPFamily,
     NodeInfo,
@@ -223,9 +223,10 @@ class _Fields:
 
 def _show(obj: Any) -> str:
     """A value as it goes into an error message: quoted, control characters escaped, bounded."""
-    text = (
-        repr(obj) if not isinstance(obj, str) else '"' + obj.encode("unicode_escape").decode() + '"'
-    )
+    if isinstance(obj, str):  # only the head is escaped: a 10 MB value costs no 10 MB copy
+        text = '"' + obj[:80].encode("unicode_escape").decode() + ('"' if len(obj) <= 80 else "")
+    else:
+        text = shown(obj)  # a bounded repr: a YAML alias bomb is never walked whole
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -252,7 +253,9 @@ def _describe(kind: str, obj: Mapping[str, Any]) -> str:
 
 
 def _safe(value: Any) -> str:
-    return value.encode("unicode_escape").decode()[:80] if isinstance(value, str) else repr(value)
+    if isinstance(value, str):
+        return value[:80].encode("unicode_escape").decode()[:80]
+    return shown(value, 80)
 
 
 def parse_service(obj: Mapping[str, Any]) -> ServiceObject:

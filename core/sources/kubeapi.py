@@ -62,7 +62,7 @@ from tenacity import (
 
 from kubeplex.core.cluster import ClusterState, ErrorSink
 from kubeplex.core.config import ClientConnectionConfiguration, KubeProxyConfiguration
-from kubeplex.core.errors import InvalidObject, KubeplexError
+from kubeplex.core.errors import InvalidObject, KubeplexError, bare, clip, shown
 from kubeplex.core.graph import ProxyState
 from kubeplex.core.model import IPFamily
 
@@ -77,6 +77,11 @@ PROXY_LABEL_SELECTOR = "!service.kubernetes.io/headless,!service.kubernetes.io/s
 
 #: Event reason for an object kubeplex cannot program.
 REASON_FAILED_TO_PROGRAM = "FailedToProgram"
+#: Characters of an Event's message, and of a log line's text quoting a user or the server.
+EVENT_MESSAGE_LIMIT = 1024
+LOG_TEXT_LIMIT = 4096
+#: Longest name, namespace, uid or resourceVersion an API object can have (a DNS subdomain).
+REF_VALUE_LIMIT = 253
 DEFAULT_COMPONENT = "kube-proxy"
 PROTOBUF = "application/vnd.kubernetes.protobuf"
 
@@ -299,7 +304,7 @@ class EventRecorder:
 
     # the ClusterState sink
     def invalid_object(self, err: InvalidObject, obj: Mapping[str, Any]) -> None:
-        message = "; ".join(str(e) for e in err.errors) or str(err)
+        message = err.details or str(err)
         self.record(
             obj,
             "Warning",
@@ -311,8 +316,8 @@ class EventRecorder:
     def record(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """Queue an event about ``obj`` (a raw API object). Never blocks."""
         ref = _object_reference(obj)
-        where = f"{ref.get('kind', '?')} {ref.get('namespace', '')}/{ref.get('name', '')}"
-        log.warning("event %s %s on %s: %s", type_, reason, where.replace(" /", " "), message)
+        message = clip(message, EVENT_MESSAGE_LIMIT)
+        log.warning("event %s %s on %s: %s", type_, reason, _where(obj), message)
         key = (ref.get("kind", ""), ref.get("namespace", ""), ref.get("name", ""))
         with self._cond:  # watch threads of different resources report concurrently
             bucket = self._buckets.get(key)
@@ -324,7 +329,7 @@ class EventRecorder:
             if not bucket.try_acquire() or len(self._queue) >= self._queue_size:
                 self.dropped += 1
                 return
-            self._queue.append((ref, type_, reason, message[:1024]))
+            self._queue.append((ref, type_, reason, message))
             self._cond.notify()
 
     def start(self) -> None:
@@ -365,7 +370,12 @@ class EventRecorder:
                 self._post(*item)
             except Exception as err:  # an event must never take anything down
                 self.failed += 1
-                log.warning("could not record event %s on %s: %s", item[2], item[0], err)
+                log.warning(
+                    "could not record event %s on %s: %s",
+                    item[2],
+                    _where(item[0]),
+                    clip(str(err), LOG_TEXT_LIMIT),
+                )
             finally:
                 with self._cond:
                     self._busy = False
@@ -436,7 +446,10 @@ class EventRecorder:
 def _object_reference(obj: Mapping[str, Any]) -> JSON:
     meta = obj.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
-    ref: JSON = {"kind": str(obj.get("kind", "")), "apiVersion": str(obj.get("apiVersion", ""))}
+    ref: JSON = {
+        "kind": _short_str(obj.get("kind", "")),
+        "apiVersion": _short_str(obj.get("apiVersion", "")),
+    }
     for src, dst in (
         ("name", "name"),
         ("namespace", "namespace"),
@@ -444,11 +457,26 @@ def _object_reference(obj: Mapping[str, Any]) -> JSON:
         ("resourceVersion", "resourceVersion"),
     ):
         value = meta.get(src)
-        if isinstance(value, str) and value:
+        # Longer than any API object's: no object to refer to (and no megabytes to post).
+        if isinstance(value, str) and value and len(value) <= REF_VALUE_LIMIT:
             ref[dst] = value
     if ref["kind"] == "Node":
         ref.pop("namespace", None)
     return ref
+
+
+def _short_str(value: Any) -> str:
+    return value if isinstance(value, str) and len(value) <= REF_VALUE_LIMIT else ""
+
+
+def _where(obj: Mapping[str, Any]) -> str:
+    """``Kind ns/name`` of a raw object (or object reference) for a log line, bounded."""
+    meta = obj.get("metadata", obj)
+    meta = meta if isinstance(meta, Mapping) else {}
+    kind = bare(obj.get("kind") or "?", 64)
+    name = bare(meta.get("name", ""))
+    ns = meta.get("namespace")
+    return f"{kind} {bare(ns)}/{name}" if ns and kind != "Node" else f"{kind} {name}"
 
 
 # --------------------------------------------------------------------------------- source
@@ -535,8 +563,11 @@ def _describe(err: BaseException) -> str:
         message = ""
         with contextlib.suppress(ValueError, TypeError, AttributeError):
             message = json.loads(err.body or "{}").get("message", "")
-        return f"HTTP {err.status} {err.reason}" + (f": {message}" if message else "")
-    return f"{type(err).__name__}: {err}"
+        text = f"HTTP {err.status} {err.reason}" + (f": {message}" if message else "")
+    else:
+        text = f"{type(err).__name__}: {err}"
+    # A server's message may quote an object's values: bounded, like anything quoting them.
+    return clip(text, LOG_TEXT_LIMIT)
 
 
 class KubeApiSource:
@@ -951,10 +982,10 @@ class KubeApiSource:
         typ = event.get("type")
         obj = event.get("object")
         if not isinstance(obj, dict):
-            raise _WatchError(f"watch event {typ} without an object")
+            raise _WatchError(f"watch event {shown(typ)} without an object")
         if typ == "ERROR":
             code = obj.get("code")
-            message = f"{obj.get('reason', '')}: {obj.get('message', '')}"
+            message = clip(f"{obj.get('reason', '')}: {obj.get('message', '')}", LOG_TEXT_LIMIT)
             if code == 410 or obj.get("reason") in ("Expired", "Gone"):
                 raise _Expired(message)
             raise _WatchError(f"HTTP {code} {message}")
@@ -968,7 +999,7 @@ class KubeApiSource:
             old = r.known.pop(_key(obj), None)
             self._delete(r, old if old is not None else obj)
         elif typ != "BOOKMARK":
-            log.warning("%s: ignoring watch event of type %r", r.name, typ)
+            log.warning("%s: ignoring watch event of type %s", r.name, shown(typ))
             return
         if rv:
             r.rv = rv
@@ -995,4 +1026,4 @@ class KubeApiSource:
             self.cluster.delete_service_cidr(name)
         else:
             # Upstream keeps the last node state too; health reports the node as going away.
-            log.warning("node %s was deleted; keeping its last labels and pod CIDRs", name)
+            log.warning("node %s was deleted; keeping its last labels and pod CIDRs", bare(name))

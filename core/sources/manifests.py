@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kubeplex.core.cluster import ClusterState
-from kubeplex.core.errors import KubeplexError
+from kubeplex.core.errors import KubeplexError, bare, shown
 from kubeplex.core.sources import manifest_loader
 from kubeplex.core.sources.manifest_scan import SUFFIXES, FolderScan, StatKey, scan, stat_key
 
@@ -77,13 +77,12 @@ class _ChangedSinceScan(Exception):
 
 
 def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return shown(value, limit)  # bounded: a 10 MB value or an alias bomb stays one short line
 
 
 def describe(ident: Ident) -> str:
     kind, ns, name = ident
-    return f"{kind} {ns}/{name}" if ns else f"{kind} {name}"
+    return f"{kind} {bare(ns)}/{bare(name)}" if ns else f"{kind} {bare(name)}"
 
 
 def _objects(doc: Mapping[str, Any], where: str, problems: list[str]) -> Iterator[Any]:
@@ -122,7 +121,7 @@ def _identity(obj: Mapping[str, Any], where: str, problems: list[str]) -> Ident 
         ns = "default"
     if not isinstance(ns, str) or not ns:
         problems.append(
-            f"{where}{kind} {name}: metadata.namespace: must be a string, got {_short(ns)}"
+            f"{where}{kind} {bare(name)}: metadata.namespace: must be a string, got {_short(ns)}"
         )
         return None
     return (kind, ns, name)
