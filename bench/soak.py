@@ -80,13 +80,22 @@ def report():
                 for line in stat.traceback.format()[-6:]:
                     print("    " + line, file=f)
 def frozen_garbage(*_):
-    # Run at the end (SIGUSR1): what the collector finds once the frozen objects are back.
+    # Run at the end (SIGUSR1): the garbage the collector finds once the frozen objects are
+    # back in its generations, by type (sizes without what the objects merely refer to).
     frozen = gc.get_freeze_count()
     gc.unfreeze()
-    found = gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    gc.collect()
+    types = {}
+    for obj in gc.garbage:
+        n, size = types.get(type(obj).__name__, (0, 0))
+        types[type(obj).__name__] = (n + 1, size + sys.getsizeof(obj))
     with open(out, "a") as f:
-        print(f"== at the end: {frozen} frozen objects, {found} of them (or theirs)"
-              f" unreachable garbage", file=f)
+        total = sum(size for _, size in types.values())
+        print(f"== at the end: {frozen} frozen objects; garbage in cycles:"
+              f" {len(gc.garbage)} objects, {total >> 10} KiB", file=f)
+        for name, (n, size) in sorted(types.items(), key=lambda kv: -kv[1][1])[:12]:
+            print(f"{size >> 10:8d} KiB {n:8d} {name}", file=f)
 start = time.monotonic()
 signal.signal(signal.SIGUSR1, frozen_garbage)
 threading.Thread(target=report, daemon=True).start()
