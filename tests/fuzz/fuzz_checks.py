@@ -162,7 +162,9 @@ def unnamed_rejections(
         if not where.startswith(f"{kind} "):
             problems.append(f"object not named: {text}")
         printable = isinstance(name, str) and name.isascii() and name.isprintable()
-        if printable and name and name[:60] not in where:
+        # An error shows a name escaped (a backslash doubled), never raw.
+        shown = name.encode("unicode_escape").decode() if isinstance(name, str) else ""
+        if printable and shown and shown[:60] not in where:
             problems.append(f"name {name!r} not in: {err.where}")
         if not err.errors:
             problems.append(f"no field named: {text}")

@@ -17,7 +17,7 @@ settings.register_profile(
     max_examples=150,
     derandomize=True,
     database=None,
-    deadline=2000,  # ms per example: a stall, not a speed check (the machine is shared)
+    deadline=5000,  # ms per example: a stall, not a speed check (the machine is shared)
     suppress_health_check=_SLOW_DATA,
     print_blob=True,
 )
