@@ -11,7 +11,7 @@ from fuzz_checks import (
     unnamed_rejections,
     unsafe_lines,
 )
-from hypothesis import given
+from hypothesis import event, given
 from kube_strategies import NODE, Mix, mixes
 
 from kubeplex.core.cluster import ClusterState
@@ -36,6 +36,10 @@ def test_any_mix_is_rendered_safely_by_every_mode(mix: Mix) -> None:
     sink = Rejections()
     cluster = ClusterState(NODE, FAMILIES, on_invalid=sink)
     feed(cluster, mix)
+    rejected = {id(obj) for _, obj in sink.seen}
+    for b in mix.broken:  # what the examples covered (--hypothesis-show-statistics)
+        kind = "hostile" if b.hostile else "nearly valid"
+        event(f"{kind} {b.obj.get('kind')}: {'rejected' if id(b.obj) in rejected else 'accepted'}")
     rendered = render_all(cluster)
     assert missing_services(rendered, mix.good) == []
     assert unsafe_lines(rendered) == []
