@@ -7,22 +7,29 @@ with a `last-change-trigger-time`, as the EndpointSlice controller writes it); s
 2 s, so a full resync runs every 2 s between the partial ones. Every 10 s the daemon's VmRSS
 is sampled from /proc/PID/status.
 
-Prints the series, the RSS at the end of the warm-up and at the end, the least-squares slope
-over the second half (KB/min) and a verdict: flat if the slope stays under --threshold.
+Prints the series; the RSS after the first sync, at the end of the warm-up (--warmup) and at
+the end; and over the second half, the least-squares slope (KB/min) of the per-minute floor
+(the lowest sample of each minute: a sample that lands in a full sync sees that sync's
+transient megabytes, a leak raises the floor), with the slope of all samples alongside.
+Verdict: flat if the floor's slope stays under --threshold.
 
-Why 60 KB/min by default: the defect being checked grew ~4,300 KB/min (47 -> 71 MB in 334 s)
-and keeping one full sync's garbage per resync would grow ~30 x that sync's size per minute;
-both are two orders of magnitude above it. Below it, a 15-minute half moves by < 1 MB, what
-glibc's arenas and the collector's timing move RSS by anyway (the noise of the samples, whose
-slope's standard error is printed alongside).
+Why 60 KB/min by default: the leak this bench found (cycles kept by gc.freeze(), ~2.6 KB per
+sync) grew ~150 KB/min at the soak's rate of about one sync a second, ~9 MB an hour. In 15
+minutes 60 KB/min is under 1 MB, what the allocator's high-water marks move RSS by anyway;
+the slope's standard error is printed so a run can tell noise from a trend.
 
 --trace runs the daemon with tracemalloc from the end of the warm-up on and writes, every
 --trace-every seconds, the allocation sites of what was allocated since and is still alive,
 with the collector's counts (live and frozen objects), to FILE.<mode>: where the growth goes.
 
 Usage (root): python bench/soak.py [--mode iptables|nftables|both] [--duration 1800]
-              [--services 500] [--warmup 120] [--trace FILE]
-Both modes at once share one API server (the same churn reaches both daemons).
+              [--source api|manifests] [--services 500] [--warmup 120] [--trace FILE]
+              [--logs DIR]
+Both modes at once share one API server (the same churn reaches both daemons). The source
+"manifests" is a folder of one file per object, a change rewriting one slice's file (the
+manifests source applies changes once the folder is quiet: under this churn, mostly full
+syncs). Ctrl-C
+or SIGTERM stop it early: the daemons are stopped and their namespaces deleted either way.
 """
 
 from __future__ import annotations
@@ -230,12 +237,12 @@ class ManifestFeed:
     def __init__(self, objs: list[dict[str, Any]], stack: ExitStack, work: Path) -> None:
         self.folder = work / "manifests"
         self.folder.mkdir()
-        self.slices: list[dict[str, Any]] = []
+        self.slices: list[tuple[Path, dict[str, Any]]] = []
         for k, obj in enumerate([NODE_OBJECT, *objs]):
-            (self.folder / f"{k:05d}.json").write_text(json.dumps(obj))
+            file = self.folder / f"{k:05d}.json"
+            file.write_text(json.dumps(obj))
             if obj["kind"] == "EndpointSlice":
-                self.slices.append(obj)
-        self.files = {id(es): k for k, es in enumerate([NODE_OBJECT, *objs])}
+                self.slices.append((file, obj))
 
     def source_config(self) -> str:
         return ""
@@ -245,8 +252,8 @@ class ManifestFeed:
 
     def change(self, step: int) -> None:
         i = step % len(self.slices)
-        es = churned(self.slices[i], i, step, len(self.slices))
-        file = self.folder / f"{self.files[id(es)]:05d}.json"
+        file, es = self.slices[i]
+        churned(es, i, step, len(self.slices))
         tmp = file.with_suffix(".tmp")  # whole files only: the daemon never reads half of one
         tmp.write_text(json.dumps(es))
         tmp.rename(file)
@@ -290,8 +297,10 @@ def report(d: Daemon, args: argparse.Namespace) -> bool:
         return False
     half = [x for x in s if x[0] >= s[-1][0] / 2]
     raw, raw_se = slope_kb_per_min(half)
-    slope, se = slope_kb_per_min(floors(half, 60))
-    flat = slope < float(args.threshold)
+    minutes = floors(half, 60)
+    slope, se = slope_kb_per_min(minutes)
+    flat = len(minutes) >= 3 and slope < float(args.threshold)
+    verdict = "flat" if flat else "RISING" if len(minutes) >= 3 else "too short to tell"
     start = at(s, d.first_synced if d.first_synced is not None else 0)
     last = [r for _, r in half]
     print(
@@ -300,7 +309,7 @@ def report(d: Daemon, args: argparse.Namespace) -> bool:
         f" ({s[-1][0]:.0f} s) {s[-1][1] / 1024:.1f} MB; second half"
         f" {min(last) / 1024:.1f}-{max(last) / 1024:.1f} MB, slope of the per-minute floor"
         f" {slope:+.1f} KB/min (s.e. {se:.1f}; all samples {raw:+.1f}, s.e. {raw_se:.1f})"
-        f" -> {'flat' if flat else 'RISING'} (threshold {args.threshold:.0f} KB/min)",
+        f" -> {verdict} (threshold {args.threshold:.0f} KB/min)",
         flush=True,
     )
     return flat
@@ -309,7 +318,8 @@ def report(d: Daemon, args: argparse.Namespace) -> bool:
 def soak(args: argparse.Namespace) -> bool:
     modes = ["iptables", "nftables"] if args.mode == "both" else [args.mode]
     env = installed_env()
-    with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+    # The daemons (in the stack) stop before their folder goes.
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         work = Path(tmp)
         feed = (ApiFeed if args.source == "api" else ManifestFeed)(
             cluster(args.services), stack, work
@@ -371,7 +381,12 @@ def main() -> None:
         sys.exit("needs root (network namespaces)")
     # Ctrl-C and kill both unwind through the context managers: daemons stopped, netns gone.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    sys.exit(0 if soak(args) else 1)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started in background
+    try:
+        ok = soak(args)
+    except KeyboardInterrupt:
+        sys.exit("interrupted: daemons stopped, namespaces deleted")
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":
