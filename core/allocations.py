@@ -10,6 +10,9 @@ load-balancer IPs are not allocated and may be shared.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from kubeplex.core.errors import FieldError, InvalidObject
 from kubeplex.core.model import Protocol
 from kubeplex.core.objects import ServiceObject
@@ -18,19 +21,16 @@ from kubeplex.core.objects import ServiceObject
 Claims = dict[str, str]
 
 
-def cluster_ip_field(index: int) -> str:
-    # spec.clusterIP is spec.clusterIPs[0]; name the field users usually write.
-    return "spec.clusterIP" if index == 0 else f"spec.clusterIPs[{index}]"
-
-
-def claims_of(svc: ServiceObject) -> Claims:
-    """Everything ``svc`` holds; raises InvalidObject if it asks for one node port twice,
-    as the API server refuses (the same number twice in one protocol, or as its own
-    healthCheckNodePort)."""
+def claims_of(svc: ServiceObject, spec: Mapping[str, Any]) -> Claims:
+    """Everything ``svc`` holds, each with the field of ``spec`` (its raw form) asking for it;
+    raises InvalidObject if it asks for one node port twice, as the API server refuses (the
+    same number twice in one protocol, or as its own healthCheckNodePort)."""
     claims: Claims = {}
     if not svc.headless:
+        # The field the user wrote: spec.clusterIPs if given (spec.clusterIP is its first).
+        listed = bool(spec.get("clusterIPs"))
         for i, ip in enumerate(svc.cluster_ips):
-            claims[f"ClusterIP {ip}"] = cluster_ip_field(i)
+            claims[f"ClusterIP {ip}"] = f"spec.clusterIPs[{i}]" if listed else "spec.clusterIP"
     errors: list[FieldError] = []
     seen: dict[tuple[Protocol, int], str] = {}
     for i, port in enumerate(svc.ports):

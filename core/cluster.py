@@ -137,7 +137,10 @@ class ClusterState:
             self.service_events += 1
         try:
             svc = parse_service(obj)
-            version = _Version(svc, claims_of(svc), obj, origin)
+            spec = obj.get("spec")
+            version = _Version(
+                svc, claims_of(svc, spec if isinstance(spec, Mapping) else {}), obj, origin
+            )
         except InvalidObject as err:
             with self._claims_lock:
                 entry = self._entries.get(name)

@@ -67,7 +67,9 @@ def test_a_second_service_with_the_same_cluster_ip_is_refused_naming_both() -> N
     cluster = ClusterState(NODE, (V4,), on_invalid=sink)
     cluster.set_service(service("web", WEB_VIP, 80))
     # another port, another namespace: a ClusterIP belongs to one Service, whatever the port
-    cluster.set_service(service("newcomer", WEB_VIP, 8443, namespace="other"))
+    newcomer = service("newcomer", WEB_VIP, 8443, namespace="other")
+    del newcomer["spec"]["clusterIPs"]  # the error names the field as written
+    cluster.set_service(newcomer)
 
     assert programmed(cluster) == {"default/web": WEB_VIP}
     err = cluster.invalid["Service other/newcomer"]
@@ -104,7 +106,8 @@ def test_an_update_that_takes_another_address_keeps_the_last_valid_version() -> 
     cluster.set_service(service("api", "10.96.0.20", 80))
     cluster.set_service(service("api", WEB_VIP, 80))
     assert programmed(cluster) == {"default/web": WEB_VIP, "default/api": "10.96.0.20"}
-    assert [e.path for e in cluster.invalid["Service default/api"].errors] == ["spec.clusterIP"]
+    errors = cluster.invalid["Service default/api"].errors
+    assert [e.path for e in errors] == ["spec.clusterIPs[0]"]
     # the same object again (a relist, a touched file) changes nothing
     cluster.set_service(service("web", WEB_VIP, 80))
     assert programmed(cluster) == {"default/web": WEB_VIP, "default/api": "10.96.0.20"}
@@ -124,7 +127,7 @@ def test_the_second_family_address_is_checked_too() -> None:
     cluster.set_service(service("web", WEB_VIP, 80, secondary_cluster_ip="fd00:10:96::10"))
     cluster.set_service(service("six", "fd00:10:96::10", 80))
     err = cluster.invalid["Service default/six"]
-    assert [e.path for e in err.errors] == ["spec.clusterIP"]
+    assert [e.path for e in err.errors] == ["spec.clusterIPs[0]"]
     assert "Service default/web" in str(err) and "fd00:10:96::10" in str(err)
 
 
