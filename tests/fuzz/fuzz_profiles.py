@@ -23,7 +23,7 @@ settings.register_profile(
 )
 settings.register_profile(
     "deep",
-    max_examples=20_000,
+    max_examples=5_000,
     derandomize=False,
     deadline=10_000,
     suppress_health_check=_SLOW_DATA,

@@ -57,7 +57,7 @@ def test_a_folder_of_any_files_loads_and_keeps_following_changes(
     folder: tuple[Mix, list[tuple[str, bytes]]], later: GoodService
 ) -> None:
     """ManifestSource.load never raises; good Services are programmed safely; rejections and
-    problems name the file; a good Service added afterwards is picked up by poll()."""
+    problems name the file (on one line); a good Service added afterwards is picked up by poll()."""
     mix, files = folder
     sink = Rejections()
     cluster = ClusterState(NODE, FAMILIES, on_invalid=sink)
@@ -71,7 +71,9 @@ def test_a_folder_of_any_files_loads_and_keeps_following_changes(
         assert missing_services(rendered, mix.good) == []
         assert unsafe_lines(rendered) == []
         assert unnamed_rejections(sink.seen, origin=str(root)) == []
-        assert [str(p) for p in source.problems if not p.file.startswith(str(root))] == []
+        unnamed = [p for p in source.problems if not p.file.startswith(str(root))]
+        assert unnamed == []
+        assert [str(p) for p in source.problems if "\n" in str(p) or "\r" in str(p)] == []
 
         (root / "later.yaml").write_text(yaml.safe_dump_all(later.objects))
         # poll() may wait for the folder to settle for a few polls; it must get there.
