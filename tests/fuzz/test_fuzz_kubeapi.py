@@ -75,14 +75,21 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
 
 
 def _sendable(obj: dict[str, Any]) -> bool:
-    """What an API server would store at all: a mapping with a string name and namespace."""
+    """What any API server's schema lets through: metadata a mapping with a string name and
+    namespace, labels and annotations mappings of strings (the test server matches label
+    selectors on what it stores, and cannot with anything else)."""
     meta = obj.get("metadata")
     return (
         isinstance(meta, dict)
         and isinstance(meta.get("name"), str)
         and bool(meta["name"])
         and isinstance(meta.get("namespace", ""), str)
+        and all(_string_map(meta.get(k, {})) for k in ("labels", "annotations"))
     )
+
+
+def _string_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
 
 
 def _wait(cond: Callable[[], bool], what: str) -> None:
