@@ -99,6 +99,9 @@ def _wait(cond: Callable[[], bool], what: str) -> None:
         time.sleep(0.01)
 
 
+# The source's watch threads draw a random timeout when they re-watch; if that falls inside the
+# drawing of an example, Hypothesis takes it for a strategy using ``random``.
+@pytest.mark.filterwarnings("ignore:Do not use the `random` module")
 @scaled(0.2, deadline_ms=15_000)
 @given(mixes(max_good=2, max_broken=4))
 def test_the_api_source_survives_any_objects_and_keeps_following(live: Live, mix: Mix) -> None:
