@@ -86,6 +86,16 @@ def missing_services(rendered: Mapping[str, str], good: Iterable[GoodService]) -
     return missing
 
 
+def programmed_anyway(rendered: Mapping[str, str], keys: Iterable[str]) -> list[str]:
+    """Services (``ns/name``) that no mode may program but some mode did mention."""
+    return [
+        f"{mode} {key}"
+        for key in keys
+        for mode, text in rendered.items()
+        if re.search(re.escape(key) + r"[/: \"]", text)
+    ]
+
+
 # --- (3) nothing from the input reaches a rule unescaped ---------------------------------------
 
 _QUOTED = re.compile(r'"([^"]*)"')

@@ -379,6 +379,8 @@ class Mix:
     good: list[GoodService]
     broken: list[Broken]
     order: list[JSONObj]
+    #: Valid Services no proxy programs (ExternalName, headless), as ``ns/name``.
+    unprogrammed: list[str] = field(default_factory=list)
 
 
 @st.composite
@@ -396,7 +398,9 @@ def mixes(draw: st.DrawFn, max_good: int = 4, max_broken: int = 6, first: int = 
             st.sampled_from([nearly_valid, hostile])
         )
         broken.append(draw(make(base)))
+    quiet = [draw(unprogrammed_services(first + 200 + k)) for k in range(draw(st.integers(0, 2)))]
     objects = [o for g in good for o in g.objects] + [b.obj for b in broken]
+    objects += [o for q in quiet for o in q.objects]
     order = draw(st.permutations(objects))
     # The own Node first or last or not at all: good Services must not depend on it.
     node_at = draw(st.sampled_from(["first", "last", "none"]))
@@ -404,7 +408,26 @@ def mixes(draw: st.DrawFn, max_good: int = 4, max_broken: int = 6, first: int = 
         order = [node_object(), *order]
     elif node_at == "last":
         order = [*order, node_object()]
-    return Mix(good, broken, list(order))
+    return Mix(good, broken, list(order), [q.key for q in quiet])
+
+
+@st.composite
+def unprogrammed_services(draw: st.DrawFn, index: int) -> GoodService:
+    """A valid ExternalName or headless Service (with a ready endpoint): nothing to program."""
+    g = draw(good_services(index))
+    svc = g.objects[0]
+    spec = {k: v for k, v in svc["spec"].items() if k not in ("clusterIP", "clusterIPs")}
+    spec["type"] = "ClusterIP"
+    for p in spec["ports"]:
+        p.pop("nodePort", None)
+    spec.pop("healthCheckNodePort", None)
+    if draw(st.booleans()):
+        spec["type"], spec["externalName"] = "ExternalName", "db.example.com"
+    else:
+        spec["clusterIP"] = "None"
+    svc = {**svc, "spec": spec}
+    svc.pop("status", None)
+    return GoodService([svc, *g.objects[1:]], g.namespace, g.name, (), g.ports, index)
 
 
 # --- manifest files -----------------------------------------------------------------------------

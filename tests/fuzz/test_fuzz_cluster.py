@@ -7,6 +7,7 @@ from fuzz_checks import (
     FAMILIES,
     Rejections,
     missing_services,
+    programmed_anyway,
     render_all,
     unnamed_rejections,
     unsafe_lines,
@@ -31,8 +32,9 @@ def feed(cluster: ClusterState, mix: Mix) -> None:
 @given(mixes())
 def test_any_mix_is_rendered_safely_by_every_mode(mix: Mix) -> None:
     """Feeding any mix and rendering it with every mode never raises (1); every good Service is
-    programmed (2); no input string reaches a rule unescaped (3); every rejection names the
-    object and the field (4). One property, so each example is rendered once."""
+    programmed (2), ExternalName and headless ones are not; no input string reaches a rule
+    unescaped (3); every rejection names the object and the field (4). One property, so each
+    example is rendered once."""
     sink = Rejections()
     cluster = ClusterState(NODE, FAMILIES, on_invalid=sink)
     feed(cluster, mix)
@@ -42,5 +44,6 @@ def test_any_mix_is_rendered_safely_by_every_mode(mix: Mix) -> None:
         event(f"{kind} {b.obj.get('kind')}: {'rejected' if id(b.obj) in rejected else 'accepted'}")
     rendered = render_all(cluster)
     assert missing_services(rendered, mix.good) == []
+    assert programmed_anyway(rendered, mix.unprogrammed) == []
     assert unsafe_lines(rendered) == []
     assert unnamed_rejections(sink.seen, mix.broken) == []
