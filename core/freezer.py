@@ -14,6 +14,8 @@ the whole graph, runs at most once per interval however short the syncPeriod.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import logging
 import time
@@ -26,6 +28,18 @@ log = logging.getLogger(__name__)
 COLLECT_INTERVAL = 60.0
 
 
+def _malloc_trim() -> Callable[[], object]:
+    """glibc's malloc_trim(0), or a no-op where there is none: after a full sync's garbage is
+    freed, it hands the free pages inside the heap back to the kernel, so RSS follows what is
+    alive instead of the highest sync's peak (fragmentation)."""
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return lambda: None
+    trim.argtypes = [ctypes.c_size_t]
+    return lambda: trim(0)
+
+
 class Freezer:
     def __init__(
         self, interval: float = COLLECT_INTERVAL, clock: Callable[[], float] = time.monotonic
@@ -34,6 +48,7 @@ class Freezer:
         self._clock = clock
         self._last = clock()
         self.collections = 0
+        self._trim = _malloc_trim()
 
     def after_full_sync(self) -> None:
         """Freeze what is alive now; first collect the frozen generation if it is due."""
@@ -42,6 +57,7 @@ class Freezer:
             started = time.monotonic()
             gc.unfreeze()  # back to the oldest generation, where a full collection sees them
             found = gc.collect()
+            self._trim()
             self._last = now
             self.collections += 1
             log.debug(

@@ -87,7 +87,11 @@ class SyncRunner:
 
     def sync_with_retry(self, full: bool) -> bool:
         """One sync; on failure retry with backoff until it succeeds or the runner stops."""
+        if self._run_once(full):
+            return True  # the common case builds no retry state (tenacity's holds cycles)
+        return self._retry()
 
+    def _retry(self) -> bool:
         def stopped(_: RetryCallState) -> bool:
             return self._stop.is_set()
 
@@ -107,12 +111,13 @@ class SyncRunner:
 
         def attempt() -> bool:
             nonlocal first
-            if not first and self._stop.is_set():
+            if first:  # the attempt that failed already: tenacity counts it and backs off
+                first = False
+                return False
+            if self._stop.is_set():
                 return False  # stopped during the backoff: no more syncs
             # Every retry is full: the failed apply may have left the backend unsure.
-            result = self._run_once(full or not first)
-            first = False
-            return result
+            return self._run_once(True)
 
         return bool(retrying(attempt))
 
