@@ -337,3 +337,21 @@ def test_a_symlink_loop_is_walked_once(folder: Path, cluster: ClusterState) -> N
     source.load()
     assert source.problems == []
     assert services(cluster) == {spn("web"): 80, spn("db"): 80}
+
+
+def test_a_folder_that_never_goes_quiet_is_applied_after_the_longest_wait(
+    folder: Path, cluster: ClusterState, caplog: pytest.LogCaptureFixture
+) -> None:
+    web, _ = web_and_db(folder)
+    source = ManifestSource(folder, cluster, settle_polls=2, max_wait_polls=5)
+    source.load()
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    applied = []
+    for port in range(81, 93):  # a writer that rewrites the file before every poll
+        write(web, service_yaml("web", "10.96.0.10", port=port))
+        applied.append(source.poll())
+    # Never two polls alike, so never quiet: still applied every fifth poll, as it was then.
+    assert applied == [False, False, False, False, True] * 2 + [False, False]
+    assert services(cluster)[spn("web")] == 90
+    restless = [r for r in caplog.records if "has not been quiet" in r.getMessage()]
+    assert len(restless) == 1  # said once while it keeps changing

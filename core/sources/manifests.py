@@ -8,7 +8,8 @@ What the folder says is followed, what it fails to say is not taken as a deletio
 
 * A change is applied once the folder has looked the same for ``settle_polls`` polls in a row
   (0.5 s to 1 s by default), so a file caught mid-write is never applied half. The first load
-  is immediate.
+  is immediate. A folder that never goes quiet (a writer rewriting a file every 200 ms) would
+  never be followed: after ``max_wait_polls`` polls (5 s) of waiting it is applied as it is.
 * A folder, subfolder or file that cannot be read (no permission, vanished mid-walk, the root
   removed) keeps the objects it had; that is logged once, and followed again once readable.
   Like kube-proxy cut off from its API server, the rules stay as they were.
@@ -155,6 +156,7 @@ class ManifestSource:
         poll_interval: float = 0.5,
         settle_polls: int = 2,
         empty_grace_polls: int = 20,
+        max_wait_polls: int = 10,
     ) -> None:
         self.path = Path(path)
         self.cluster = cluster
@@ -163,6 +165,8 @@ class ManifestSource:
         self.settle_polls = max(1, settle_polls)
         #: Polls a file that had objects may stay empty before it loses them.
         self.empty_grace_polls = empty_grace_polls
+        #: Polls a change may wait for the folder to go quiet before it is applied anyway.
+        self.max_wait_polls = max(self.settle_polls, max_wait_polls)
         self.problems: list[ManifestProblem] = []
         self._loaded: Objects = {}
         self._origin: dict[Ident, Path] = {}
@@ -172,6 +176,8 @@ class ManifestSource:
         self._pending: tuple[object, ...] | None = None
         self._quiet = 0
         self._polls = 0
+        self._waiting_since: int | None = None  # the poll that first saw an unapplied change
+        self._restless = False  # applied without waiting for quiet since it was last quiet
         self._empty_since: dict[Path, int] = {}  # empty files whose objects are held
         self._logged: set[str] = set()
         self._root_error: str | None = None
@@ -193,15 +199,26 @@ class ManifestSource:
         found = scan(self.path)
         sig = found.signature
         if sig == self._applied:
-            self._pending = None
+            self._pending = self._waiting_since = None
+            self._restless = False
             if any(self._polls - s >= self.empty_grace_polls for s in self._empty_since.values()):
                 return self._apply(found, strict=True)
             return False
+        if self._waiting_since is None:
+            self._waiting_since = self._polls
         if sig != self._pending:
             self._pending, self._quiet = sig, 0
         self._quiet += 1
         if self._quiet < self.settle_polls:
-            return False
+            if self._polls - self._waiting_since + 1 < self.max_wait_polls:
+                return False
+            if not self._restless:  # once until the folder is quiet again
+                log.warning(
+                    "manifests folder %s has not been quiet for %g s; applying it as it is",
+                    self.path,
+                    self.max_wait_polls * self.poll_interval,
+                )
+            self._restless = True
         return self._apply(found, strict=True)
 
     def run(self, stop: threading.Event) -> None:
@@ -253,6 +270,7 @@ class ManifestSource:
         self._by_file = dict(sorted(current.items()))
         changed = self._feed(problems)
         self._applied = found.signature
+        self._waiting_since = None
         self._report(problems)
         return changed
 
