@@ -143,11 +143,12 @@ class IptablesBackend(Backend):
             except BackendError as err:
                 self._renderers[plan.family].invalidate()
                 failed[plan.family] = f"{plan.family.value}: {err}"
-        for svc, why in errors.items():
-            log.error("service %s not programmed: %s", svc, why)
         if failed:
+            for svc, why in errors.items():
+                log.error("service %s not programmed: %s", svc, why)
             raise BackendError("; ".join(failed.values()), families=tuple(failed))
-        return SyncResult(full=rendered.full, counts=counts)
+        # The Proxier logs these; their last good rules stay until they render again.
+        return SyncResult(full=rendered.full, counts=counts, failed=errors)
 
     def _apply_plan(self, plan: FamilyPlan, counts: dict[str, int], errors: dict[str, str]) -> None:
         kernel = self._kernels[plan.family]

@@ -219,8 +219,9 @@ class FamilyRenderer:
                 self.fragments[spn] = service_rules(
                     svc, graph.categorized(spn), self.settings, large
                 )
-            except BackendError as err:
-                plan.errors[str(spn)] = str(err)
+            except Exception as err:  # one Service's bug costs that Service only
+                why = str(err) if isinstance(err, BackendError) else f"rendering failed: {err!r}"
+                plan.errors[str(spn)] = why
                 if spn in old_fragments:  # keep the service's last good rules
                     self.fragments[spn] = old_fragments[spn]
         self.large_cluster = large
