@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 
 
 def kubeplex(
@@ -27,3 +28,13 @@ def in_netns(ns: str, *argv: str) -> str:
     return subprocess.run(
         ["ip", "netns", "exec", ns, *argv], capture_output=True, text=True, check=True
     ).stdout
+
+
+def wait_until(cond: Callable[[], bool], what: str = "", timeout: float = 20.0) -> None:
+    """Poll ``cond`` every 0.1 s until it holds; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -9,13 +9,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer
-from cli_kit import in_netns
+from cli_kit import in_netns, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "testing" / "lab"
@@ -27,15 +26,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def nat(ns: str) -> str:

@@ -9,12 +9,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from cli_kit import in_netns, kubeplex
+from cli_kit import in_netns, kubeplex, wait_until
 
 from kubeplex.testing.netlab import CLIENT_POD, NODE1, Lab, ProbeResult
 
@@ -23,15 +23,6 @@ LAB = ROOT / "testing" / "lab"
 CLUSTER_IP = "10.96.88.59"
 
 pytestmark = pytest.mark.kernel
-
-
-def wait_until(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class SteadyTraffic:
