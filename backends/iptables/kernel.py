@@ -100,6 +100,16 @@ class SavedRuleset:
                 saved.rules[table].append(line)
         return saved
 
+    def by_chain(self) -> dict[str, dict[str, list[str]]]:
+        """Per table, every chain iptables-save showed -> its rules."""
+        out: dict[str, dict[str, list[str]]] = {}
+        for table, chains in self.chains.items():
+            rules: dict[str, list[str]] = {c: [] for c in chains}
+            for rule in self.rules.get(table, []):
+                rules.setdefault(rule.split(" ", 2)[1], []).append(rule)
+            out[table] = rules
+        return out
+
     def has_jump(self, table: str, chain: str, comment: str, target: str) -> bool:
         head = f"-A {chain} "
         if not comment:

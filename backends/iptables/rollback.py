@@ -41,21 +41,10 @@ class Before:
     def tables(self) -> dict[str, dict[str, list[str]]]:
         """Per table, chain -> its rules as restore lines (``-A CHAIN ...``)."""
         if self.saved is not None:
-            return by_chain(self.saved)
+            return self.saved.by_chain()
         return {
             t: {c: list(r) for c, r in chains.items()} for t, chains in (self.applied or {}).items()
         }
-
-
-def by_chain(saved: SavedRuleset) -> dict[str, dict[str, list[str]]]:
-    """Per table, every chain iptables-save showed -> its rules."""
-    out: dict[str, dict[str, list[str]]] = {}
-    for table, chains in saved.chains.items():
-        rules: dict[str, list[str]] = {c: [] for c in chains}
-        for rule in saved.rules.get(table, []):
-            rules.setdefault(rule.split(" ", 2)[1], []).append(rule)
-        out[table] = rules
-    return out
 
 
 def declared(inputs: Sequence[str]) -> dict[str, dict[str, None]]:
@@ -88,7 +77,7 @@ def rollback_inputs(before: Before, attempted: Sequence[str], now: SavedRuleset)
     deletes the jumps the sync inserted and the chains it created.
     """
     old = before.tables()
-    current = by_chain(now)
+    current = now.by_chain()
     missing: list[str] = []
     rewrites: list[str] = []
     final: list[str] = []
