@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubeplex.core.config import KubeProxyConfiguration, parse_config
+from kubeplex.core.config.kubeproxy import KubeProxyConfiguration, parse_config
 
 NODE = "bench-node"
 
@@ -118,7 +118,7 @@ def installed_env() -> dict[str, str]:
 KUBEPLEX_CMD = [
     sys.executable,
     "-c",
-    "import resource, sys; from kubeplex.core.cli import main; rc = main(sys.argv[1:]);"
+    "import resource, sys; from kubeplex.core.cli.main import main; rc = main(sys.argv[1:]);"
     " print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr);"
     " sys.exit(rc)",
 ]

@@ -26,11 +26,11 @@ from common import Netns
 from pyroute2 import Conntrack
 from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
 
-from kubeplex.core.backend import SyncResult
-from kubeplex.core.cluster import ClusterState
-from kubeplex.core.conntrack import UDP, ConntrackCleaner, NetlinkConntrack
-from kubeplex.core.graph import ProxyState
-from kubeplex.core.model import IPFamily
+from kubeplex.core.daemon.conntrack import UDP, ConntrackCleaner, NetlinkConntrack
+from kubeplex.core.dataplane.backend import SyncResult
+from kubeplex.core.model.cluster import ClusterState
+from kubeplex.core.model.graph import ProxyState
+from kubeplex.core.model.types import IPFamily
 from kubeplex.testing.dataplane import endpoint, endpoint_slice, service
 
 NODE = "bench-node"

@@ -17,8 +17,8 @@ import sys
 import time
 from typing import Any
 
-from kubeplex.core import plugins
-from kubeplex.core.proxier import collector_paused
+from kubeplex.core.daemon.proxier import collector_paused
+from kubeplex.core.dataplane import plugins
 from kubeplex.testing.dataplane import cluster, endpoint, endpoint_slice, service
 from kubeplex.testing.netlab import CLIENT_POD, NODE1, NODE2
 

@@ -24,9 +24,9 @@ from typing import Any
 from common import NODE, Netns, Workspace, bench_sizes, cluster, installed_env, timed
 
 from kubeplex.backends.iptables import IptablesBackend
-from kubeplex.core.backend import BackendContext
-from kubeplex.core.cluster import ClusterState
-from kubeplex.core.proxier import Proxier, collector_paused
+from kubeplex.core.daemon.proxier import Proxier, collector_paused
+from kubeplex.core.dataplane.backend import BackendContext
+from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.sources.manifests import ManifestSource
 
 

@@ -36,9 +36,9 @@ from common import NODE, Netns, Workspace, bench_sizes, cluster, installed_env, 
 
 from kubeplex.backends.nftables import NftablesBackend, names, netlink
 from kubeplex.backends.nftables.kernel import NftKernel
-from kubeplex.core.backend import BackendContext
-from kubeplex.core.cluster import ClusterState
-from kubeplex.core.proxier import Proxier, collector_paused
+from kubeplex.core.daemon.proxier import Proxier, collector_paused
+from kubeplex.core.dataplane.backend import BackendContext
+from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.sources.manifests import ManifestSource
 
 

@@ -71,7 +71,7 @@ NODE_OBJECT: dict[str, Any] = {
 #: Runs the CLI under tracemalloc; a thread appends the growth since the warm-up to a file.
 TRACED = """
 import gc, signal, sys, threading, time, tracemalloc
-from kubeplex.core.cli import main
+from kubeplex.core.cli.main import main
 out, warmup, every = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 def report():
     # Tracing from the warm-up's end on: what a snapshot holds then is what stayed since.

@@ -42,13 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from kubeplex.core import plugins
-from kubeplex.core.backend import Backend, BackendContext, Rendered
-from kubeplex.core.cluster import ClusterState
-from kubeplex.core.config import KubeProxyConfiguration, with_overrides
-from kubeplex.core.errors import BackendError, KubeplexError
-from kubeplex.core.graph import ProxyState
-from kubeplex.core.model import IPFamily
+from kubeplex.core.config.kubeproxy import KubeProxyConfiguration, with_overrides
+from kubeplex.core.dataplane import plugins
+from kubeplex.core.dataplane.backend import Backend, BackendContext, Rendered
+from kubeplex.core.model.cluster import ClusterState
+from kubeplex.core.model.errors import BackendError, KubeplexError
+from kubeplex.core.model.graph import ProxyState
+from kubeplex.core.model.types import IPFamily
 from kubeplex.testing.dataplane import (
     DataplaneCluster,
     DataplaneUnavailable,

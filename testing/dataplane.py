@@ -44,20 +44,20 @@ from typing import Any
 
 import yaml
 
-from kubeplex.core import plugins
-from kubeplex.core.backend import Backend, BackendContext, SyncResult
-from kubeplex.core.cluster import ClusterState
-from kubeplex.core.config import (
+from kubeplex.core.config.kubeproxy import (
     API_VERSION,
     KIND,
     KubeProxyConfiguration,
     parse_config,
     with_overrides,
 )
-from kubeplex.core.errors import InvalidObject, KubeplexError
-from kubeplex.core.graph import ProxyState
-from kubeplex.core.model import IPFamily, family_of
-from kubeplex.core.proxier import Proxier
+from kubeplex.core.daemon.proxier import Proxier
+from kubeplex.core.dataplane import plugins
+from kubeplex.core.dataplane.backend import Backend, BackendContext, SyncResult
+from kubeplex.core.model.cluster import ClusterState
+from kubeplex.core.model.errors import InvalidObject, KubeplexError
+from kubeplex.core.model.graph import ProxyState
+from kubeplex.core.model.types import IPFamily, family_of
 from kubeplex.testing.netlab import (
     NODE2,
     UDP_PORT,

@@ -14,7 +14,7 @@ def kubeplex(
 ) -> subprocess.CompletedProcess[str]:
     """``kubeplex ARGS`` as a child process (exit code and output captured, not checked)."""
     return subprocess.run(
-        [sys.executable, "-m", "kubeplex.core.cli", *args],
+        [sys.executable, "-m", "kubeplex.core.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

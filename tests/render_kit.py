@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 import kubeplex.testing
-from kubeplex.core.backend import Backend, BackendContext
-from kubeplex.core.cluster import ClusterState
-from kubeplex.core.config import DEFAULT_KNOWN_MODES, KubeProxyConfiguration, parse_config
-from kubeplex.core.model import IPFamily
+from kubeplex.core.config.kubeproxy import DEFAULT_KNOWN_MODES, KubeProxyConfiguration, parse_config
+from kubeplex.core.dataplane.backend import Backend, BackendContext
+from kubeplex.core.model.cluster import ClusterState
+from kubeplex.core.model.types import IPFamily
 
 V4, V6 = IPFamily.IPv4, IPFamily.IPv6
 #: upstream's fake proxier's node (iptables and winkernel tests; nftables uses "test-node").

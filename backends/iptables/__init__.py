@@ -7,19 +7,20 @@ import logging
 import shutil
 
 from kubeplex.backends.iptables import names
-from kubeplex.backends.iptables.kernel import IptablesKernel, prelude
+from kubeplex.backends.iptables.prelude import prelude
 from kubeplex.backends.iptables.render import FamilyPlan, FamilyRenderer, IptablesRendered
-from kubeplex.backends.iptables.rollback import Before, restore_all
 from kubeplex.backends.iptables.rules import (
     NFACCT_INVALID_DROPPED,
     NFACCT_LOCALHOST_NODEPORTS,
     FamilySettings,
 )
-from kubeplex.core.backend import Backend, BackendContext, PerFamily, Rendered, SyncResult
-from kubeplex.core.errors import BackendError
-from kubeplex.core.graph import ProxyState
-from kubeplex.core.localdetect import local_detector
-from kubeplex.core.model import IPFamily, NodeInfo, family_of
+from kubeplex.backends.netfilter.iptables import IptablesKernel
+from kubeplex.backends.netfilter.rollback import Before, restore_all
+from kubeplex.core.config.localdetect import local_detector
+from kubeplex.core.dataplane.backend import Backend, BackendContext, PerFamily, Rendered, SyncResult
+from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.graph import ProxyState
+from kubeplex.core.model.types import IPFamily, NodeInfo, family_of
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,11 @@ from kubeplex.backends.iptables.rules import (
     service_rules,
     static_rules,
 )
-from kubeplex.core.backend import Rendered
-from kubeplex.core.errors import BackendError
-from kubeplex.core.graph import ChangeSet, ServiceGraph
-from kubeplex.core.model import IPFamily, ServicePortName
+from kubeplex.backends.netfilter import iptables
+from kubeplex.core.dataplane.backend import Rendered
+from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.graph import ChangeSet, ServiceGraph
+from kubeplex.core.model.types import IPFamily, ServicePortName
 
 #: Fixed chains, in upstream's order of declaration.
 FILTER_CHAINS = (
@@ -40,7 +41,7 @@ NAT_CHAINS = (names.SERVICES, names.NODEPORTS, names.POSTROUTING, names.MARK_MAS
 Chains = dict[str, tuple[str, ...]]
 
 #: Rules per iptables-restore input before a large plan is split (see FamilyPlan.batches).
-BATCH_RULES = 4000
+BATCH_RULES = iptables.BATCH_RULES
 
 
 @dataclass

@@ -12,11 +12,11 @@ import re
 from dataclasses import dataclass, field
 
 from kubeplex.backends.iptables import names
-from kubeplex.core.errors import BackendError
-from kubeplex.core.localdetect import LocalDetector
-from kubeplex.core.model import Endpoint, IPFamily, ServicePort
-from kubeplex.core.policy import traffic_plan
-from kubeplex.core.topology import CategorizedEndpoints
+from kubeplex.core.config.localdetect import LocalDetector
+from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.policy import traffic_plan
+from kubeplex.core.model.topology import CategorizedEndpoints
+from kubeplex.core.model.types import Endpoint, IPFamily, ServicePort
 
 # Upstream's nfacct counter names (metrics read them back).
 NFACCT_LOCALHOST_NODEPORTS = "localhost_nps_accepted_pkts"

@@ -17,10 +17,10 @@ from kubeplex.backends.kernelspace.policies import (
     FamilySettings,
     KernelspaceRendered,
 )
-from kubeplex.core.backend import Backend, BackendContext, PerFamily, Rendered, SyncResult
-from kubeplex.core.errors import BackendError
-from kubeplex.core.graph import ProxyState
-from kubeplex.core.model import IPFamily, NodeInfo, family_of, normalize_ip
+from kubeplex.core.dataplane.backend import Backend, BackendContext, PerFamily, Rendered, SyncResult
+from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.graph import ProxyState
+from kubeplex.core.model.types import IPFamily, NodeInfo, family_of, normalize_ip
 
 #: Where upstream reads the HNS network name when winkernel.networkName is not set.
 NETWORK_ENV = "KUBE_NETWORK"

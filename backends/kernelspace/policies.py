@@ -39,9 +39,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kubeplex.core.backend import Rendered
-from kubeplex.core.graph import ChangeSet, ServiceGraph
-from kubeplex.core.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
+from kubeplex.core.dataplane.backend import Rendered
+from kubeplex.core.model.graph import ChangeSet, ServiceGraph
+from kubeplex.core.model.types import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 
 #: A JSON object as json.dumps takes it.
 Json = dict[str, Any]

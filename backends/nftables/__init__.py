@@ -19,11 +19,11 @@ from kubeplex.backends.nftables import names
 from kubeplex.backends.nftables.kernel import NftKernel, TableObjects
 from kubeplex.backends.nftables.render import FamilyPlan, FamilyRenderer, NftablesRendered
 from kubeplex.backends.nftables.rules import FamilySettings, go_hex_mark
-from kubeplex.core.backend import Backend, BackendContext, PerFamily, Rendered, SyncResult
-from kubeplex.core.errors import BackendError
-from kubeplex.core.graph import ProxyState
-from kubeplex.core.localdetect import local_detector
-from kubeplex.core.model import IPFamily, NodeInfo, ServicePortName, family_of
+from kubeplex.core.config.localdetect import local_detector
+from kubeplex.core.dataplane.backend import Backend, BackendContext, PerFamily, Rendered, SyncResult
+from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.graph import ProxyState
+from kubeplex.core.model.types import IPFamily, NodeInfo, ServicePortName, family_of
 
 log = logging.getLogger(__name__)
 

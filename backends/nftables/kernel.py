@@ -21,8 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kubeplex.backends.nftables import names, netlink
-from kubeplex.core import execer
-from kubeplex.core.errors import BackendError
+from kubeplex.core.dataplane import execer
+from kubeplex.core.model.errors import BackendError
 
 log = logging.getLogger(__name__)
 

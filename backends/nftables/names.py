@@ -10,9 +10,12 @@ which nft names cannot hold). Operators grep for these names, so they must not d
 
 from __future__ import annotations
 
-import hashlib
-
-from kubeplex.core.model import Endpoint, ServicePortName
+from kubeplex.backends.netfilter.hashing import BASE_LENGTH_MAX as BASE_LENGTH_MAX
+from kubeplex.backends.netfilter.hashing import NAME_LENGTH_MAX as NAME_LENGTH_MAX
+from kubeplex.backends.netfilter.hashing import cached_base as cached_base
+from kubeplex.backends.netfilter.hashing import hash8 as hash8
+from kubeplex.backends.netfilter.hashing import hash_and_truncate as hash_and_truncate
+from kubeplex.core.model.types import Endpoint, ServicePortName
 
 TABLE = "kube-proxy"
 
@@ -59,49 +62,10 @@ FIREWALL_PREFIX = "firewall-"
 ENDPOINT_PREFIX = "endpoint-"
 AFFINITY_PREFIX = "affinity-"
 
-#: knftables.NameLengthMax (nft's NFT_NAME_MAXLEN - 1) minus the longest prefix (16).
-NAME_LENGTH_MAX = 256
-BASE_LENGTH_MAX = NAME_LENGTH_MAX - 16
-
-_B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
-#: Two base32 digits per 10 bits: the first 5 digest bytes are exactly 8 characters.
-_B32_PAIRS = tuple(_B32[i >> 5] + _B32[i & 31] for i in range(1024))
-
-
-def hash8(text: str) -> str:
-    """The first 8 characters of base32(sha256(text)) (what base32 of the first 5 bytes is)."""
-    n = int.from_bytes(hashlib.sha256(text.encode()).digest()[:5], "big")
-    p = _B32_PAIRS
-    return p[n >> 30] + p[(n >> 20) & 1023] + p[(n >> 10) & 1023] + p[n & 1023]
-
-
-def hash_and_truncate(name: str) -> str:
-    """Upstream's hashAndTruncate: ``HASH8-name``, cut to 240 characters ending in "..."."""
-    out = hash8(name) + "-" + name
-    if len(out) > BASE_LENGTH_MAX:
-        out = out[: BASE_LENGTH_MAX - 3] + "..."
-    return out
-
 
 def port_text(spn: ServicePortName) -> str:
     """``ns/name/proto/portname``: what a service port's chains are named after."""
     return f"{spn.namespace}/{spn.name}/{spn.protocol.lower()}/{spn.port}"
-
-
-#: hash_and_truncate results by name text. Hashing is most of the cost of a first full sync
-#: (one sha256 per endpoint); later syncs find their names here. Emptied when it grows past
-#: the limit, so endpoint churn cannot grow it without bound.
-_CACHE: dict[str, str] = {}
-CACHE_LIMIT = 1 << 19
-
-
-def cached_base(text: str) -> str:
-    found = _CACHE.get(text)
-    if found is None:
-        if len(_CACHE) >= CACHE_LIMIT:
-            _CACHE.clear()
-        found = _CACHE[text] = hash_and_truncate(text)
-    return found
 
 
 def endpoint_text(port_text: str, ip: str, port: int) -> str:

@@ -39,10 +39,10 @@ from kubeplex.backends.nftables.rules import (
     set_line,
     setup_lines,
 )
-from kubeplex.core.backend import Rendered
-from kubeplex.core.errors import BackendError
-from kubeplex.core.graph import ChangeSet, ServiceGraph
-from kubeplex.core.model import ServicePortName
+from kubeplex.core.dataplane.backend import Rendered
+from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.graph import ChangeSet, ServiceGraph
+from kubeplex.core.model.types import ServicePortName
 
 #: What an element holds: (value, comment).
 ElemVal = tuple[str, str]

@@ -18,11 +18,11 @@ import re
 from dataclasses import dataclass, field
 
 from kubeplex.backends.nftables import names
-from kubeplex.core.errors import BackendError
-from kubeplex.core.localdetect import LocalDetector
-from kubeplex.core.model import Endpoint, IPFamily, ServicePort
-from kubeplex.core.policy import traffic_plan
-from kubeplex.core.topology import CategorizedEndpoints
+from kubeplex.core.config.localdetect import LocalDetector
+from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.policy import traffic_plan
+from kubeplex.core.model.topology import CategorizedEndpoints
+from kubeplex.core.model.types import Endpoint, IPFamily, ServicePort
 
 #: (container, key, value, comment): one set or map element. Sets have no value; only the
 #: no-endpoint maps carry a comment (the service port name), as upstream.

@@ -60,11 +60,11 @@ from tenacity import (
     wait_random,
 )
 
-from kubeplex.core.cluster import ClusterState, ErrorSink
-from kubeplex.core.config import ClientConnectionConfiguration, KubeProxyConfiguration
-from kubeplex.core.errors import InvalidObject, KubeplexError, bare, clip, shown
-from kubeplex.core.graph import ProxyState
-from kubeplex.core.model import IPFamily
+from kubeplex.core.config.kubeproxy import ClientConnectionConfiguration, KubeProxyConfiguration
+from kubeplex.core.model.cluster import ClusterState, ErrorSink
+from kubeplex.core.model.errors import InvalidObject, KubeplexError, bare, clip, shown
+from kubeplex.core.model.graph import ProxyState
+from kubeplex.core.model.types import IPFamily
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubeplex.core.cluster import ClusterState
-from kubeplex.core.errors import KubeplexError, bare, shown
+from kubeplex.core.model.cluster import ClusterState
+from kubeplex.core.model.errors import KubeplexError, bare, shown
 from kubeplex.core.sources import manifest_loader
 from kubeplex.core.sources.manifest_scan import SUFFIXES, FolderScan, StatKey, scan, stat_key
 

@@ -17,10 +17,10 @@ from kubeplex.backends.iptables import names as ipt_names
 from kubeplex.backends.kernelspace import KernelspaceBackend
 from kubeplex.backends.nftables import NftablesBackend
 from kubeplex.backends.nftables import names as nft_names
-from kubeplex.core.backend import Backend, BackendContext
-from kubeplex.core.cluster import ClusterState
-from kubeplex.core.errors import FieldError, InvalidObject
-from kubeplex.core.model import IPFamily
+from kubeplex.core.dataplane.backend import Backend, BackendContext
+from kubeplex.core.model.cluster import ClusterState
+from kubeplex.core.model.errors import FieldError, InvalidObject
+from kubeplex.core.model.types import IPFamily
 
 FAMILIES = (IPFamily.IPv4, IPFamily.IPv6)
 BASE_CONFIG = {"clusterCIDR": "10.244.0.0/16,fd00:244::/48", "hostnameOverride": NODE}

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from hypothesis import strategies as st
 
-from kubeplex.core.model import Protocol, ServicePortName
+from kubeplex.core.model.types import Protocol, ServicePortName
 
 NODE = "fuzz-node"
 NODE_IPS = ("192.168.0.2", "fd00:192::2")

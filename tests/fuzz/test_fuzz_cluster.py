@@ -15,7 +15,7 @@ from fuzz_checks import (
 from hypothesis import event, given
 from kube_strategies import NODE, Mix, mixes
 
-from kubeplex.core.cluster import ClusterState
+from kubeplex.core.model.cluster import ClusterState
 
 
 def feed(cluster: ClusterState, mix: Mix) -> None:

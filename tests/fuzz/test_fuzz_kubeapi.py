@@ -25,7 +25,7 @@ from fuzz_profiles import scaled
 from hypothesis import given
 from kube_strategies import NODE, Mix, mixes, node_object
 
-from kubeplex.core.config import default_config
+from kubeplex.core.config.kubeproxy import default_config
 from kubeplex.core.sources.kubeapi import GatedClusterState, KubeApiSource
 
 #: Generous: a watch event takes milliseconds; this only turns a stall into a failure.

@@ -29,7 +29,7 @@ from kube_strategies import (
     mixes,
 )
 
-from kubeplex.core.cluster import ClusterState
+from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.sources.manifests import ManifestSource
 
 #: More polls than any settling of the folder needs.

@@ -8,7 +8,7 @@ import pytest
 from fuzz_checks import FAMILIES, Rejections
 from kube_strategies import NODE, node_object, set_path
 
-from kubeplex.core.cluster import ClusterState
+from kubeplex.core.model.cluster import ClusterState
 
 
 @pytest.mark.parametrize("value", [["InternalIP"], {"a": 1}, 5])

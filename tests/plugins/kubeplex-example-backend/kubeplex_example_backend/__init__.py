@@ -25,11 +25,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kubeplex.core import plugins
-from kubeplex.core.backend import Backend, BackendContext, Rendered, SyncResult
-from kubeplex.core.errors import BackendError
-from kubeplex.core.graph import ProxyState, ServiceGraph
-from kubeplex.core.model import IPFamily, ServicePortName
+from kubeplex.core.dataplane import plugins
+from kubeplex.core.dataplane.backend import Backend, BackendContext, Rendered, SyncResult
+from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.graph import ProxyState, ServiceGraph
+from kubeplex.core.model.types import IPFamily, ServicePortName
 
 __all__ = ["RecordedFamily", "RecordingBackend", "RecordingRendered"]
 

@@ -1,0 +1,2 @@
+"""A library for netfilter backends (not a mode): the iptables-save/-restore seam, its
+all-or-nothing rollback, and upstream's name hashing. The iptables mode uses it, and IPVS will."""

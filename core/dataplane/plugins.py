@@ -1,0 +1,619 @@
+"""Finding and trusting dataplane backends.
+
+Backends register in the ``kubeplex.backends`` entry-point group. kubeplex runs as root with
+CAP_NET_ADMIN, so being installed is not enough: a backend is loaded only if the trust list
+(``plugins.toml``) lists its mode with the exact entry point (``module:attr``) that registered
+it. Any other entry point, an unlisted mode or a second package claiming a listed mode, is
+refused **without being imported**: listing and refusing use entry-point metadata alone.
+
+The trust list also declares what each backend needs on a node (platform, executables, kernel
+modules, ``/proc`` paths, minimal kernel version) and what it can do (capabilities), so
+``kubeplex backends`` can say all of it without importing anything it does not trust.
+
+Which list is in effect, first found wins: ``--plugins FILE`` (:func:`use_trust_file`), the
+``KUBEPLEX_PLUGINS`` environment variable, ``/etc/kubeplex/plugins.toml``, and the packaged
+default ``kubeplex/core/dataplane/plugins.toml``. A list replaces the default, it does not add
+to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform as _platform
+import re
+import shutil
+import stat
+import sys
+import tomllib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import EntryPoint, entry_points
+from importlib.resources import files
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from stevedore import DriverManager
+
+from kubeplex.core.dataplane.backend import Backend, BackendContext
+from kubeplex.core.model.errors import FieldError, InvalidObject, KubeplexError
+
+GROUP = "kubeplex.backends"
+BUILTIN_MODES = ("iptables", "nftables", "ipvs", "kernelspace")
+
+#: The environment variable naming an operator's trust list.
+ENV_VAR = "KUBEPLEX_PLUGINS"
+#: An operator's trust list, read instead of the packaged default when it exists.
+SYSTEM_TRUST_FILE = Path("/etc/kubeplex/plugins.toml")
+#: The packaged default, inside the ``kubeplex.core`` package.
+PACKAGED_NAME = "plugins.toml"
+SCHEMA_VERSION = 1
+
+PLATFORMS = ("linux", "windows")
+#: Capabilities kubeplex and its test kit know the meaning of (docs/backends.md). A backend
+#: may declare others; these are the ones the core and the conformance kit act on.
+KNOWN_CAPABILITIES = frozenset(
+    {
+        "dsr",
+        "ipv6",
+        "load-balancer-source-ranges",
+        "localhost-nodeports",
+        "reject-unused-clusterip-ports",
+        "render-only",
+        "sctp",
+        "session-affinity",
+    }
+)
+
+_MODE_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
+_TARGET_RE = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
+_CAPABILITY_RE = re.compile(r"[a-z0-9][a-z0-9-]*")
+_VERSION_RE = re.compile(r"\d+(\.\d+){0,2}")
+_MODULE_RE = re.compile(r"[A-Za-z0-9_-]+")
+
+_ENTRY_KEYS = ("entry-point", "platform", "description", "capabilities", "requires", "options")
+_REQUIRES_KEYS = ("executables", "kernel-modules", "paths", "min-kernel")
+
+
+class BackendRefused(KubeplexError):
+    """An installed backend that the trust list does not allow (it was not imported)."""
+
+
+# ---------------------------------------------------------------------------------- the list
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """What a backend needs on the node it programs (``[backends.MODE.requires]``)."""
+
+    executables: tuple[str, ...] = ()
+    kernel_modules: tuple[str, ...] = ()
+    #: Files or folders that must exist, e.g. ``/proc/sys/net/ipv4/conf/all/route_localnet``.
+    paths: tuple[str, ...] = ()
+    #: Minimal kernel release, e.g. "5.13" ("" = any).
+    min_kernel: str = ""
+
+
+@dataclass(frozen=True)
+class TrustedBackend:
+    """One ``[backends.MODE]`` entry of the trust list."""
+
+    mode: str
+    #: The only entry point (``module:attr``) that may provide this mode.
+    entry_point: str
+    platforms: tuple[str, ...]
+    capabilities: frozenset[str] = frozenset()
+    requires: Requirements = Requirements()
+    description: str = ""
+    #: Backend-specific settings (``[backends.MODE.options]``), see :func:`backend_options`.
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class TrustList:
+    """A parsed ``plugins.toml``; ``where`` is its path, ``origin`` why it is the one used."""
+
+    where: str
+    origin: str
+    backends: Mapping[str, TrustedBackend]
+
+    def entry(self, mode: str) -> TrustedBackend | None:
+        return self.backends.get(mode)
+
+    @property
+    def is_packaged_default(self) -> bool:
+        return self.origin == "packaged default"
+
+
+def parse_trust_list(text: str, where: str, origin: str = "") -> TrustList:
+    """Parse and validate a trust list; every problem is reported, naming the key."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise InvalidObject(where, [FieldError("", f"not valid TOML: {err}")]) from err
+    errs: list[FieldError] = []
+    for key in doc:
+        if key not in ("version", "backends"):
+            errs.append(FieldError(key, "unknown key (known: version, backends)"))
+    version = doc.get("version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        errs.append(FieldError("version", f"must be {SCHEMA_VERSION}, got {version!r}"))
+    table = doc.get("backends", {})
+    backends: dict[str, TrustedBackend] = {}
+    if not isinstance(table, dict):
+        errs.append(FieldError("backends", "must be a table ([backends.MODE] sections)"))
+        table = {}
+    for mode, raw in table.items():
+        entry = _parse_entry(mode, raw, errs)
+        if entry is not None:
+            backends[mode] = entry
+    if errs:
+        raise InvalidObject(where, errs)
+    return TrustList(where, origin, MappingProxyType(backends))
+
+
+def _strings(value: object, path: str, errs: list[FieldError]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    errs.append(FieldError(path, f"must be a list of non-empty strings, got {value!r}"))
+    return ()
+
+
+def _parse_entry(mode: str, raw: object, errs: list[FieldError]) -> TrustedBackend | None:
+    at = f"backends.{mode}"
+    if not _MODE_RE.fullmatch(mode):
+        errs.append(FieldError(at, "a mode name is lower-case letters, digits, '.', '-', '_'"))
+        return None
+    if not isinstance(raw, dict):
+        errs.append(FieldError(at, "must be a table"))
+        return None
+    before = len(errs)
+    for key in raw:
+        if key not in _ENTRY_KEYS:
+            errs.append(FieldError(f"{at}.{key}", f"unknown key (known: {', '.join(_ENTRY_KEYS)})"))
+    target = raw.get("entry-point")
+    if not isinstance(target, str) or not _TARGET_RE.fullmatch(target.strip()):
+        errs.append(FieldError(f"{at}.entry-point", f'required, as "module:attr", got {target!r}'))
+        target = ""
+    if "platform" not in raw:
+        errs.append(FieldError(f"{at}.platform", f"required: one of {', '.join(PLATFORMS)}"))
+    platforms = _strings(raw.get("platform", "linux"), f"{at}.platform", errs)
+    for p in platforms:
+        if p not in PLATFORMS:
+            errs.append(FieldError(f"{at}.platform", f"{p!r}: not one of {', '.join(PLATFORMS)}"))
+    caps = _strings(raw.get("capabilities", []), f"{at}.capabilities", errs)
+    for cap in caps:
+        if not _CAPABILITY_RE.fullmatch(cap):
+            errs.append(FieldError(f"{at}.capabilities", f"{cap!r}: lower-case words with '-'"))
+    description = raw.get("description", "")
+    if not isinstance(description, str):
+        errs.append(FieldError(f"{at}.description", "must be a string"))
+        description = ""
+    options = raw.get("options", {})
+    if not isinstance(options, dict):
+        errs.append(FieldError(f"{at}.options", "must be a table"))
+        options = {}
+    requires = _parse_requires(raw.get("requires", {}), f"{at}.requires", errs)
+    if len(errs) > before:
+        return None
+    return TrustedBackend(
+        mode=mode,
+        entry_point=target.strip(),
+        platforms=platforms,
+        capabilities=frozenset(caps),
+        requires=requires,
+        description=description,
+        options=MappingProxyType(dict(options)),
+    )
+
+
+def _parse_requires(raw: object, at: str, errs: list[FieldError]) -> Requirements:
+    if not isinstance(raw, dict):
+        errs.append(FieldError(at, "must be a table"))
+        return Requirements()
+    for key in raw:
+        if key not in _REQUIRES_KEYS:
+            errs.append(
+                FieldError(f"{at}.{key}", f"unknown key (known: {', '.join(_REQUIRES_KEYS)})")
+            )
+    executables = _strings(raw.get("executables", []), f"{at}.executables", errs)
+    modules = _strings(raw.get("kernel-modules", []), f"{at}.kernel-modules", errs)
+    for m in modules:
+        if not _MODULE_RE.fullmatch(m):
+            errs.append(FieldError(f"{at}.kernel-modules", f"{m!r}: not a module name"))
+    paths = _strings(raw.get("paths", []), f"{at}.paths", errs)
+    for p in paths:
+        if not p.startswith("/"):
+            errs.append(FieldError(f"{at}.paths", f"{p!r}: must be an absolute path"))
+    min_kernel = raw.get("min-kernel", "")
+    if not isinstance(min_kernel, str) or (min_kernel and not _VERSION_RE.fullmatch(min_kernel)):
+        errs.append(FieldError(f"{at}.min-kernel", f'a release like "5.13", got {min_kernel!r}'))
+        min_kernel = ""
+    return Requirements(executables, modules, paths, min_kernel)
+
+
+# ------------------------------------------------------------------------- which list is used
+
+_selected: Path | None = None
+
+
+def use_trust_file(path: str | os.PathLike[str] | None) -> None:
+    """Make ``path`` the trust list of this process (``--plugins FILE``); None: back to the
+    environment, /etc/kubeplex/plugins.toml and the packaged default."""
+    global _selected
+    _selected = Path(path) if path is not None else None
+
+
+@contextlib.contextmanager
+def trusting(path: str | os.PathLike[str] | None) -> Iterator[None]:
+    """:func:`use_trust_file` for the duration of a ``with`` block (None: leave it as it is)."""
+    global _selected
+    before = _selected
+    if path is not None:
+        _selected = Path(path)
+    try:
+        yield
+    finally:
+        _selected = before
+
+
+def packaged_trust_file() -> str:
+    """Where the packaged default lives (inside the installed ``kubeplex.core`` package)."""
+    return str(files("kubeplex.core.dataplane") / PACKAGED_NAME)
+
+
+def trust_file() -> tuple[str, str]:
+    """The trust list in effect: (path, origin)."""
+    if _selected is not None:
+        return str(_selected), "--plugins"
+    env = os.environ.get(ENV_VAR, "")
+    if env:
+        return env, f"${ENV_VAR}"
+    if SYSTEM_TRUST_FILE.is_file():
+        return str(SYSTEM_TRUST_FILE), "operator's file"
+    return packaged_trust_file(), "packaged default"
+
+
+def load_trust_list(path: str | os.PathLike[str] | None = None) -> TrustList:
+    """Read the trust list: ``path`` if given, else the one in effect (:func:`trust_file`)."""
+    if path is not None:
+        where, origin = str(path), "given"
+    else:
+        where, origin = trust_file()
+    if origin == "packaged default":
+        try:
+            text = (files("kubeplex.core.dataplane") / PACKAGED_NAME).read_text(encoding="utf-8")
+        except OSError as err:
+            raise InvalidObject(
+                f"trust list {where} ({origin})",
+                [FieldError("", f"missing from the installed package ({err.strerror})")],
+            ) from err
+        return parse_trust_list(text, where, origin)
+    file = Path(where)
+    try:
+        info = file.stat()
+        text = file.read_text(encoding="utf-8")
+    except OSError as err:
+        raise InvalidObject(
+            f"trust list {where} ({origin})", [FieldError("", f"cannot read: {err.strerror}")]
+        ) from err
+    if sys.platform != "win32" and info.st_mode & stat.S_IWOTH:
+        raise InvalidObject(
+            f"trust list {where} ({origin})",
+            [FieldError("", "writable by every user; a trust list must not be (chmod o-w)")],
+        )
+    return parse_trust_list(text, where, origin)
+
+
+# ------------------------------------------------------------------------------- requirements
+
+
+def this_platform() -> str:
+    return "windows" if sys.platform == "win32" else sys.platform
+
+
+def _release_tuple(release: str) -> tuple[int, ...]:
+    m = re.match(r"\d+(\.\d+)*", release)
+    return tuple(int(p) for p in m.group(0).split(".")) if m else ()
+
+
+def kernel_module_available(name: str, release: str | None = None) -> bool:
+    """Loaded or built in (``/sys/module``), or loadable (``modules.builtin``/``modules.dep``)."""
+    wanted = name.replace("-", "_")
+    if Path("/sys/module", wanted).exists():
+        return True
+    moddir = Path("/lib/modules", release or _platform.release())
+    for index in ("modules.builtin", "modules.dep"):
+        try:
+            text = (moddir / index).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            base = line.split(":", 1)[0].rsplit("/", 1)[-1]
+            if base.split(".ko", 1)[0].replace("-", "_") == wanted:
+                return True
+    return False
+
+
+def missing_on_node(entry: TrustedBackend) -> list[str]:
+    """What this node lacks of what ``entry`` declares (empty: all there)."""
+    here = this_platform()
+    missing: list[str] = []
+    if here not in entry.platforms:
+        missing.append(f"platform {' or '.join(entry.platforms)} required, this node runs {here}")
+        return missing  # the rest describes another kind of node
+    req = entry.requires
+    missing += [
+        f"executable {t!r} not found in PATH" for t in req.executables if not shutil.which(t)
+    ]
+    release = _platform.release()
+    missing += [
+        f"kernel module {m!r} is not loaded, built in or loadable "
+        f"(/sys/module, /lib/modules/{release})"
+        for m in req.kernel_modules
+        if not kernel_module_available(m, release)
+    ]
+    missing += [f"{p} does not exist" for p in req.paths if not os.path.exists(p)]
+    if req.min_kernel and here == "linux":
+        have = _release_tuple(release)
+        if have < _release_tuple(req.min_kernel):
+            missing.append(f"kernel {release} is older than the required {req.min_kernel}")
+    return missing
+
+
+def missing_requirements(
+    mode: str, backend: Backend | None = None, trust: TrustList | None = None
+) -> list[str]:
+    """What this node lacks for ``mode``: the trust list's declaration, then the backend's own
+    check (if loaded), without repeats."""
+    trust = trust if trust is not None else load_trust_list()
+    entry = trust.entry(mode)
+    found = missing_on_node(entry) if entry is not None else []
+    if backend is not None:
+        found += backend.missing_requirements()
+    return list(dict.fromkeys(found))
+
+
+def backend_options(mode: str, trust: TrustList | None = None) -> Mapping[str, Any]:
+    """The ``[backends.MODE.options]`` table of the trust list in effect (empty if none):
+    backend-specific settings that have no place in KubeProxyConfiguration."""
+    trust = trust if trust is not None else load_trust_list()
+    entry = trust.entry(mode)
+    return entry.options if entry is not None else MappingProxyType({})
+
+
+# ---------------------------------------------------------------------------- entry points
+
+
+def available() -> dict[str, EntryPoint]:
+    """Installed backends by mode name, without importing any of them (one per name: see
+    :func:`installed` for every claimant)."""
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def installed(mode: str | None = None) -> list[EntryPoint]:
+    """Every installed entry point of the group (of ``mode``), none of them imported."""
+    return [ep for ep in entry_points(group=GROUP) if mode is None or ep.name == mode]
+
+
+def known_modes() -> tuple[str, ...]:
+    return tuple(sorted(set(BUILTIN_MODES) | set(available())))
+
+
+def target_of(ep: EntryPoint) -> str:
+    """``module:attr`` of an entry point, without extras or spaces."""
+    return re.sub(r"\s+", "", ep.value.split("[", 1)[0])
+
+
+def origin_of(ep: EntryPoint) -> str:
+    """The distribution that registered ``ep`` ("name version"), as far as it is known."""
+    dist = getattr(ep, "dist", None)
+    return f"{dist.name} {dist.version}" if dist is not None else "unknown distribution"
+
+
+def allow_hint(mode: str, target: str, trust: TrustList) -> str:
+    """How to allow an installed backend: the file to edit and the entry to add."""
+    if trust.is_packaged_default:
+        where = (
+            f"copy {trust.where} to {SYSTEM_TRUST_FILE} (read instead of the packaged default "
+            f"when present; or pass a file with --plugins FILE or {ENV_VAR}=FILE) and add"
+        )
+    else:
+        where = f"add to {trust.where}"
+    return (
+        f"To allow it, {where}:\n\n"
+        f"[backends.{mode}]\n"
+        f'entry-point = "{target}"\n'
+        f'platform = "{this_platform()}"\n'
+        'capabilities = []  # what it supports, e.g. "session-affinity", "ipv6"\n'
+    )
+
+
+def select_entry_point(mode: str, trust: TrustList) -> EntryPoint:
+    """The one entry point of ``mode`` the trust list allows; nothing is imported."""
+    claimants = installed(mode)
+    entry = trust.entry(mode)
+    listed_in = f"{trust.where} ({trust.origin})"
+    if entry is None:
+        if not claimants:
+            names = ", ".join(sorted(available())) or "none"
+            raise KubeplexError(
+                f"mode {mode!r}: no backend installed for it (installed: {names}), and the "
+                f"trust list {listed_in} does not list it"
+            )
+        ep = claimants[0]
+        others = "".join(
+            f"; also claimed by {target_of(o)} from {origin_of(o)}" for o in claimants[1:]
+        )
+        raise BackendRefused(
+            f"backend {mode!r} is installed ({target_of(ep)} from {origin_of(ep)}{others}) but "
+            f"not listed in the trust list {listed_in}; kubeplex runs as root and loads only "
+            f"the backends listed there, so it was not imported. "
+            + allow_hint(mode, target_of(ep), trust)
+        )
+    for ep in claimants:
+        if target_of(ep) == entry.entry_point:
+            return ep
+    if not claimants:
+        names = ", ".join(sorted(available())) or "none"
+        raise KubeplexError(
+            f"mode {mode!r}: listed in {listed_in} as {entry.entry_point}, but no backend is "
+            f"installed for it (installed: {names})"
+        )
+    found = ", ".join(f"{target_of(ep)} from {origin_of(ep)}" for ep in claimants)
+    raise BackendRefused(
+        f"backend {mode!r}: the installed entry point ({found}) is not the one listed in "
+        f"{listed_in} ({entry.entry_point}); refused, and not imported. If you trust it, change "
+        f"entry-point of [backends.{mode}] in that file."
+    )
+
+
+class _TrustedDriver(DriverManager):  # type: ignore[type-arg]
+    """stevedore's driver loader, shown only the one entry point the trust list allows.
+
+    A plain DriverManager imports every installed package that claims the mode's name before
+    choosing; this one never sees the others.
+    """
+
+    def __init__(self, ep: EntryPoint) -> None:
+        self._trusted = ep
+        super().__init__(GROUP, ep.name, invoke_on_load=False, on_load_failure_callback=_reraise)
+
+    def list_entry_points(self) -> list[EntryPoint]:
+        return [self._trusted]
+
+
+def _reraise(_manager: object, _ep: EntryPoint, err: BaseException) -> None:
+    raise err
+
+
+def load_backend_class(mode: str, trust: TrustList | None = None) -> type[Backend]:
+    """Import the trusted backend class of ``mode`` (and nothing else), through stevedore."""
+    trust = trust if trust is not None else load_trust_list()
+    ep = select_entry_point(mode, trust)
+    try:
+        cls = _TrustedDriver(ep).driver
+    except Exception as err:  # a plugin's import error, whatever it is
+        raise KubeplexError(
+            f"backend {mode!r} ({target_of(ep)} from {origin_of(ep)}) failed to import: {err!r}"
+        ) from err
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise KubeplexError(
+            f"backend {mode!r}: entry point {target_of(ep)} is not a kubeplex Backend class"
+        )
+    return cls
+
+
+def load_backend(mode: str, ctx: BackendContext, trust: TrustList | None = None) -> Backend:
+    """Construct the backend of ``mode`` if the trust list allows it.
+
+    Raises :class:`BackendRefused` for an unlisted mode or an entry point other than the one
+    listed (neither is imported), ``KubeplexError`` if the backend fails to import or start.
+    Requirements are not checked here (``render`` works anywhere): see
+    :func:`missing_requirements`.
+    """
+    cls = load_backend_class(mode, trust)
+    try:
+        return cls(ctx)
+    except KubeplexError:
+        raise
+    except Exception as err:
+        raise KubeplexError(f"backend {mode!r} failed to start: {err!r}") from err
+
+
+# ---------------------------------------------------------------------------------- a survey
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """One line of ``kubeplex backends``."""
+
+    mode: str
+    #: "ok", "requirements missing", "refused", "broken" or "not installed".
+    status: str
+    detail: str = ""
+    entry_point: str = ""
+    distribution: str = ""
+    platforms: tuple[str, ...] = ()
+    #: Declared in the trust list (None: unknown, the backend is not listed).
+    capabilities: frozenset[str] | None = None
+    description: str = ""
+    #: Other installed claimants of the mode, never imported.
+    ignored: tuple[str, ...] = ()
+    #: What the constructed backend says of itself (``Backend.describe``).
+    about: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def survey(
+    trust: TrustList | None = None,
+    context: Callable[[str], BackendContext] | None = None,
+) -> list[BackendStatus]:
+    """The status of every installed or listed backend, by mode.
+
+    Listed backends are imported (they are trusted) to prove they load and, with ``context``,
+    constructed to ask their own ``missing_requirements``; unlisted ones never are.
+    """
+    trust = trust if trust is not None else load_trust_list()
+    modes = sorted({ep.name for ep in installed()} | set(trust.backends))
+    return [_status(mode, trust, context) for mode in modes]
+
+
+def _status(
+    mode: str, trust: TrustList, context: Callable[[str], BackendContext] | None
+) -> BackendStatus:
+    entry = trust.entry(mode)
+    claimants = installed(mode)
+    base: dict[str, Any] = {}
+    if entry is not None:
+        base = {
+            "entry_point": entry.entry_point,
+            "platforms": entry.platforms,
+            "capabilities": entry.capabilities,
+            "description": entry.description,
+        }
+    try:
+        ep = select_entry_point(mode, trust)
+    except BackendRefused as err:
+        first = claimants[0]
+        base.update(entry_point=target_of(first), distribution=origin_of(first))
+        why = "not in the trust list" if entry is None else "entry point differs from the list"
+        return BackendStatus(mode, "refused", f"{why}: {err}", **base)
+    except KubeplexError as err:
+        return BackendStatus(mode, "not installed", str(err), **base)
+    base["distribution"] = origin_of(ep)
+    ignored = tuple(
+        f"{target_of(o)} from {origin_of(o)}" for o in claimants if target_of(o) != target_of(ep)
+    )
+    try:
+        cls = load_backend_class(mode, trust)
+    except KubeplexError as err:
+        return BackendStatus(mode, "broken", str(err), ignored=ignored, **base)
+    backend: Backend | None = None
+    if context is not None:
+        try:
+            backend = cls(context(mode))
+        except Exception as err:
+            return BackendStatus(
+                mode, "broken", f"failed to start: {err!r}", ignored=ignored, **base
+            )
+    notes = missing_requirements(mode, backend, trust)
+    status = "requirements missing" if notes else "ok"
+    if backend is not None and backend.capabilities != base["capabilities"]:
+        declared = ", ".join(sorted(base["capabilities"])) or "none"
+        own = ", ".join(sorted(backend.capabilities)) or "none"
+        notes.append(f"capabilities differ: trust list says {declared}, the backend says {own}")
+    about = tuple(backend.describe()) if backend is not None else ()
+    return BackendStatus(mode, status, "; ".join(notes), ignored=ignored, about=about, **base)
+
+
+def capability_names(caps: Iterable[str] | None) -> str:
+    if caps is None:
+        return "?"
+    return ", ".join(sorted(caps)) or "-"

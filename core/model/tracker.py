@@ -1,0 +1,264 @@
+"""ServiceChangeTracker and EndpointsChangeTracker: events in, graph and exact change set out.
+
+Each tracker serves one IP family, as upstream's do (a dual-stack node runs one per family).
+Events may arrive in any number between syncs; a checkout compares what is pending with what
+the previous checkout handed out, so a Service changed and changed back yields no change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kubeplex.core.model.graph import StaleEndpoint
+from kubeplex.core.model.objects import EndpointSliceObject, ServiceObject
+from kubeplex.core.model.types import (
+    Endpoint,
+    IPFamily,
+    Protocol,
+    ServicePort,
+    ServicePortName,
+    family_of,
+)
+
+PortMap = dict[ServicePortName, ServicePort]
+EndpointsMap = dict[ServicePortName, tuple[Endpoint, ...]]
+
+#: Protocols whose conntrack entries outlive a backend (no connection teardown to end them).
+CONNECTIONLESS = (Protocol.UDP, Protocol.SCTP)
+
+
+def service_ports(svc: ServiceObject, family: IPFamily) -> PortMap:
+    """The ServicePorts of one Service in one family.
+
+    Empty for a headless or ExternalName Service, or one without a cluster IP of this family.
+    """
+    cluster_ip = "" if svc.headless else svc.cluster_ip_of(family)
+    if not cluster_ip:
+        return {}
+    externally_accessible_type = svc.type in ("NodePort", "LoadBalancer") or (
+        svc.type == "ClusterIP" and bool(svc.external_ips)
+    )
+    external_local = externally_accessible_type and svc.external_traffic_policy == "Local"
+    health_check = (
+        svc.health_check_node_port if svc.type == "LoadBalancer" and external_local else 0
+    )
+    mine = [ip for ip in svc.external_ips if family_of(ip) is family]
+    vips = [ip for ip in svc.load_balancer_ingress_ips if family_of(ip) is family]
+    ranges = [c for c in svc.load_balancer_source_ranges if family_of(c) is family]
+    ports: PortMap = {}
+    for p in svc.ports:
+        spn = ServicePortName(svc.namespace, svc.name, p.name, p.protocol)
+        ports[spn] = ServicePort(
+            name=spn,
+            family=family,
+            cluster_ip=cluster_ip,
+            port=p.port,
+            protocol=p.protocol,
+            node_port=p.node_port if svc.type in ("NodePort", "LoadBalancer") else 0,
+            external_ips=tuple(dict.fromkeys(mine)),
+            load_balancer_vips=tuple(dict.fromkeys(vips)),
+            load_balancer_source_ranges=tuple(dict.fromkeys(ranges)),
+            session_affinity_client_ip=svc.session_affinity_client_ip,
+            sticky_max_age_seconds=svc.affinity_timeout,
+            internal_policy_local=svc.internal_traffic_policy == "Local",
+            external_policy_local=external_local,
+            health_check_node_port=health_check,
+            traffic_distribution=svc.traffic_distribution,
+        )
+    return ports
+
+
+def _changed_keys(
+    old: Mapping[ServicePortName, object], new: Mapping[ServicePortName, object]
+) -> set[ServicePortName]:
+    return {k for k in old.keys() | new.keys() if old.get(k) != new.get(k)}
+
+
+@dataclass(frozen=True)
+class ServiceChanges:
+    changed: frozenset[ServicePortName]
+    #: Cluster IPs of connectionless service ports that were deleted (for conntrack cleanup).
+    stale_service_ips: frozenset[str]
+
+
+class ServiceChangeTracker:
+    def __init__(self, family: IPFamily) -> None:
+        self.family = family
+        self._applied: dict[str, PortMap] = {}
+        self._pending: dict[str, PortMap] = {}
+        self._ports: PortMap = {}
+
+    def update(self, key: str, svc: ServiceObject | None) -> bool:
+        """Record the new state of Service ``key`` (None: deleted). True if a sync is needed."""
+        new = service_ports(svc, self.family) if svc is not None else {}
+        if new == self._applied.get(key, {}):
+            self._pending.pop(key, None)
+        else:
+            self._pending[key] = new
+        return bool(self._pending)
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def ports(self) -> Mapping[ServicePortName, ServicePort]:
+        """Service ports as of the last checkout."""
+        return self._ports
+
+    def checkout(self) -> ServiceChanges:
+        changed: set[ServicePortName] = set()
+        stale_ips: set[str] = set()
+        for key, new in self._pending.items():
+            old = self._applied.get(key, {})
+            diff = _changed_keys(old, new)
+            changed |= diff
+            for spn in diff:
+                gone = old.get(spn)
+                if gone is not None and spn not in new and gone.protocol in CONNECTIONLESS:
+                    stale_ips.add(gone.cluster_ip)
+                self._ports.pop(spn, None)
+            self._ports.update(new)
+            if new:
+                self._applied[key] = new
+            else:
+                self._applied.pop(key, None)
+        self._pending.clear()
+        return ServiceChanges(frozenset(changed), frozenset(stale_ips))
+
+
+@dataclass(frozen=True)
+class EndpointChanges:
+    changed: frozenset[ServicePortName]
+    stale_endpoints: tuple[StaleEndpoint, ...]
+    newly_active: frozenset[ServicePortName]
+    #: Earliest ``last-change-trigger-time`` (epoch seconds) per changed Service (latency metric).
+    trigger_times: Mapping[str, float]
+
+
+def merge_slices(slices: Mapping[str, EndpointSliceObject], node_name: str) -> EndpointsMap:
+    """Endpoints of one Service from all of its slices: merged, de-duplicated, upstream order."""
+    by_port: dict[ServicePortName, dict[str, Endpoint]] = {}
+    for slice_name in sorted(slices):
+        es = slices[slice_name]
+        for port in es.ports:
+            spn = ServicePortName(es.namespace, es.service_name, port.name, port.protocol)
+            seen = by_port.setdefault(spn, {})
+            for sep in es.endpoints:
+                ep = Endpoint(
+                    ip=sep.ip,
+                    port=port.port,
+                    ready=sep.ready,
+                    serving=sep.serving,
+                    terminating=sep.terminating,
+                    is_local=bool(node_name) and sep.node_name == node_name,
+                    node_name=sep.node_name,
+                    zone=sep.zone,
+                    zone_hints=sep.zone_hints,
+                    node_hints=sep.node_hints,
+                )
+                # An endpoint moving between slices shows up twice for a moment; upstream
+                # keeps one, preferring the copy that says it is local.
+                if ep.address not in seen or ep.is_local:
+                    seen[ep.address] = ep
+    return {
+        spn: tuple(sorted(eps.values(), key=lambda e: e.address))
+        for spn, eps in by_port.items()
+        if eps
+    }
+
+
+def _parse_trigger_time(text: str) -> float | None:
+    if not text:
+        return None
+    try:
+        from datetime import datetime
+
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+class EndpointsChangeTracker:
+    def __init__(self, family: IPFamily, node_name: str) -> None:
+        self.family = family
+        self.node_name = node_name
+        self._slices: dict[str, dict[str, EndpointSliceObject]] = {}
+        self._applied: dict[str, EndpointsMap] = {}
+        self._pending: set[str] = set()
+        self._trigger: dict[str, float] = {}
+        self._endpoints: EndpointsMap = {}
+
+    def update(self, es: EndpointSliceObject, removed: bool = False) -> bool:
+        """Record a slice add/update (or its removal). True if a sync is needed."""
+        if es.address_type != self.family.value:
+            return bool(self._pending)  # the other family's tracker takes it
+        svc_key = es.service_key
+        slices = self._slices.setdefault(svc_key, {})
+        if removed:
+            slices.pop(es.name, None)
+            if not slices:
+                del self._slices[svc_key]
+        else:
+            if slices.get(es.name) == es:
+                return bool(self._pending)
+            slices[es.name] = es
+            when = _parse_trigger_time(es.trigger_time)
+            if when is not None:
+                self._trigger[svc_key] = min(when, self._trigger.get(svc_key, when))
+        self._pending.add(svc_key)
+        return True
+
+    def remove_service_slices(self, svc_key: str) -> None:
+        """Forget every slice of a Service (used by a relist that no longer lists them)."""
+        if self._slices.pop(svc_key, None) is not None:
+            self._pending.add(svc_key)
+
+    def slice_keys(self) -> set[tuple[str, str]]:
+        return {(svc, name) for svc, slices in self._slices.items() for name in slices}
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def endpoints(self) -> Mapping[ServicePortName, tuple[Endpoint, ...]]:
+        return self._endpoints
+
+    def checkout(self) -> EndpointChanges:
+        changed: set[ServicePortName] = set()
+        stale: list[StaleEndpoint] = []
+        newly_active: set[ServicePortName] = set()
+        for svc_key in sorted(self._pending):
+            old = self._applied.get(svc_key, {})
+            new = merge_slices(self._slices.get(svc_key, {}), self.node_name)
+            diff = _changed_keys(old, new)
+            changed |= diff
+            for spn in diff:
+                if spn.protocol not in CONNECTIONLESS:
+                    continue
+                before, after = old.get(spn, ()), new.get(spn, ())
+                # Only a serving endpoint can have had traffic, so only it leaves entries; it is
+                # stale once no serving endpoint has its address (upstream compares ip:port and
+                # serving only: a ready endpoint that starts terminating keeps its flows).
+                still_serving = {ep.address for ep in after if ep.serving}
+                stale.extend(
+                    StaleEndpoint(spn, ep)
+                    for ep in before
+                    if ep.serving and ep.address not in still_serving
+                )
+                # Upstream: 0 -> >0 serving endpoints (a terminating fallback counts too).
+                if any(ep.serving for ep in after) and not any(ep.serving for ep in before):
+                    newly_active.add(spn)
+            for spn in diff:
+                self._endpoints.pop(spn, None)
+            self._endpoints.update(new)
+            if new:
+                self._applied[svc_key] = new
+            else:
+                self._applied.pop(svc_key, None)
+        triggers = {k: v for k, v in self._trigger.items() if k in self._pending}
+        self._pending.clear()
+        self._trigger.clear()
+        return EndpointChanges(frozenset(changed), tuple(stale), frozenset(newly_active), triggers)

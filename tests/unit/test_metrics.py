@@ -1,0 +1,418 @@
+"""kube-proxy's metrics: upstream names, types, labels and buckets; the sync listener; nfacct."""
+
+from __future__ import annotations
+
+import http.client
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from kubeplex.core.config.kubeproxy import default_config
+from kubeplex.core.daemon.healthcheck import HTTPServing
+from kubeplex.core.daemon.metrics import (
+    NETWORK_PROGRAMMING_BUCKETS,
+    NFACCT_LOCALHOST_NODEPORTS_ACCEPTED,
+    SYNC_BUCKETS,
+    MetricsServer,
+    ProxyMetrics,
+    no_local_endpoints,
+    read_nfacct,
+)
+from kubeplex.core.daemon.operations import start_operations
+from kubeplex.core.daemon.proxier import Proxier
+from kubeplex.core.dataplane.backend import Backend, BackendContext, Rendered, SyncResult
+from kubeplex.core.model.cluster import ClusterState
+from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.graph import ProxyState
+from kubeplex.core.model.types import IPFamily
+from kubeplex.testing.dataplane import endpoint, endpoint_slice, service
+from kubeplex.testing.netlab import unique_prefix
+
+NODE = "node-a"
+T0 = 1_700_000_000.0
+V4 = {"ip_family": "IPv4"}
+
+#: name -> (type, labels) of every kubeproxy_* family in iptables mode (current upstream).
+IPTABLES_FAMILIES = {
+    "kubeproxy_sync_proxy_rules_duration_seconds": ("histogram", {"ip_family"}),
+    "kubeproxy_sync_full_proxy_rules_duration_seconds": ("histogram", {"ip_family"}),
+    "kubeproxy_sync_partial_proxy_rules_duration_seconds": ("histogram", {"ip_family"}),
+    "kubeproxy_sync_proxy_rules_last_timestamp_seconds": ("gauge", {"ip_family"}),
+    "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds": ("gauge", {"ip_family"}),
+    "kubeproxy_network_programming_duration_seconds": ("histogram", {"ip_family"}),
+    "kubeproxy_sync_proxy_rules_endpoint_changes_pending": ("gauge", set()),
+    "kubeproxy_sync_proxy_rules_endpoint_changes_total": ("counter", set()),
+    "kubeproxy_sync_proxy_rules_service_changes_pending": ("gauge", set()),
+    "kubeproxy_sync_proxy_rules_service_changes_total": ("counter", set()),
+    "kubeproxy_sync_proxy_rules_iptables_restore_failures_total": ("counter", {"ip_family"}),
+    "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total": (
+        "counter",
+        {"ip_family"},
+    ),
+    "kubeproxy_sync_proxy_rules_iptables_total": ("gauge", {"ip_family", "table"}),
+    "kubeproxy_sync_proxy_rules_iptables_last": ("gauge", {"ip_family", "table"}),
+    "kubeproxy_sync_proxy_rules_no_local_endpoints_total": (
+        "gauge",
+        {"ip_family", "traffic_policy"},
+    ),
+    "kubeproxy_proxy_healthz_total": ("counter", {"code"}),
+    "kubeproxy_proxy_livez_total": ("counter", {"code"}),
+    "kubeproxy_conntrack_reconciler_sync_duration_seconds": ("histogram", {"ip_family"}),
+    "kubeproxy_conntrack_reconciler_deleted_entries_total": ("counter", {"ip_family"}),
+    "kubeproxy_iptables_ct_state_invalid_dropped_packets_total": ("counter", set()),
+    "kubeproxy_iptables_localhost_nodeports_accepted_packets_total": ("counter", set()),
+}
+
+
+class Clock:
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fake_nfacct(counter: str) -> int | None:
+    return {"ct_state_invalid_dropped_pkts": 7, "localhost_nps_accepted_pkts": 3}.get(counter)
+
+
+def new_metrics(mode: str = "iptables", **kwargs: object) -> ProxyMetrics:
+    return ProxyMetrics(mode, nfacct_reader=fake_nfacct, clock=Clock(), **kwargs)
+
+
+def families(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE))
+
+
+def label_names(text: str, family: str) -> set[str]:
+    names: set[str] = set()
+    for labels in re.findall(rf"^{family}(?:_bucket|_count|_sum|_total)?{{([^}}]*)}}", text, re.M):
+        names |= {kv.split("=", 1)[0] for kv in labels.split(",")}
+    return names - {"le"}
+
+
+def touch_everything(m: ProxyMetrics) -> None:
+    """Give every labelled metric a sample, so its labels show in the exposition."""
+    m.sync_proxy_rules_duration.labels("IPv4").observe(0.1)
+    for h in (m.sync_full_proxy_rules_duration, m.sync_partial_proxy_rules_duration):
+        assert h is not None
+        h.labels("IPv4").observe(0.1)
+    m.sync_proxy_rules_last_timestamp.labels("IPv4").set(1)
+    m.queued([IPFamily.IPv4])
+    m.network_programming_duration.labels("IPv4").observe(1)
+    m.sync_failed([IPFamily.IPv4], partial=True)
+    assert m.iptables_rules_total is not None and m.iptables_rules_last is not None
+    m.iptables_rules_total.labels("IPv4", "nat").set(1)
+    m.iptables_rules_last.labels("IPv4", "nat").set(1)
+    m.no_local_endpoints_total.labels("IPv4", "internal").set(0)
+    m.health_probe("healthz", 200)
+    m.health_probe("livez", 200)
+    m.conntrack_cleaned(IPFamily.IPv4, 0.01, 2)
+
+
+def test_iptables_mode_exposes_upstreams_families_types_and_labels() -> None:
+    m = new_metrics()
+    touch_everything(m)
+    text = m.exposition().decode()
+    found = {k: v for k, v in families(text).items() if k.startswith("kubeproxy_")}
+    assert found == {name: kind for name, (kind, _) in IPTABLES_FAMILIES.items()}
+    for name, (_, labels) in IPTABLES_FAMILIES.items():
+        assert label_names(text, name) == labels, name
+    assert "_created" not in text  # Go's client writes no *_created series
+    assert "process_resident_memory_bytes" in text and "python_info" in text
+    assert "kubeproxy_iptables_ct_state_invalid_dropped_packets_total 7.0" in text
+    assert "kubeproxy_iptables_localhost_nodeports_accepted_packets_total 3.0" in text
+
+
+def test_buckets_are_upstreams() -> None:
+    assert SYNC_BUCKETS[0] == 0.001 and len(SYNC_BUCKETS) == 15
+    assert SYNC_BUCKETS[-1] == pytest.approx(16.384)
+    assert NETWORK_PROGRAMMING_BUCKETS[:4] == (0.0, 0.25, 0.5, 1.0)
+    assert NETWORK_PROGRAMMING_BUCKETS[-8:] == (
+        115.0,
+        120.0,
+        150.0,
+        180.0,
+        210.0,
+        240.0,
+        270.0,
+        300.0,
+    )
+    assert len(NETWORK_PROGRAMMING_BUCKETS) == 1 + 2 + 59 + 12 + 7
+    m = new_metrics()
+    m.sync_proxy_rules_duration.labels("IPv4").observe(0.003)
+    text = m.exposition().decode()
+    assert (
+        'kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.002"} 0.0'
+        in text
+    )
+    assert (
+        'kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.004"} 1.0'
+        in text
+    )
+
+
+def test_mode_specific_metrics_follow_upstreams_registration() -> None:
+    nft = families(new_metrics("nftables").exposition().decode())
+    assert "kubeproxy_sync_proxy_rules_nftables_sync_failures_total" in nft
+    assert "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total" in nft
+    assert not [n for n in nft if "iptables" in n or "full_proxy" in n]
+    ipvs = families(new_metrics("ipvs").exposition().decode())
+    assert "kubeproxy_sync_proxy_rules_iptables_restore_failures_total" in ipvs
+    assert "kubeproxy_sync_proxy_rules_iptables_total" not in ipvs
+    m = new_metrics("nftables")
+    m.sync_failed([IPFamily.IPv6])
+    m.cleanup_failed([IPFamily.IPv6])
+    assert (
+        m.value("kubeproxy_sync_proxy_rules_nftables_sync_failures_total", {"ip_family": "IPv6"})
+        == 1
+    )
+    assert (
+        m.value("kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total", {"ip_family": "IPv6"})
+        == 1
+    )
+
+
+def test_registries_are_private() -> None:
+    a, b = new_metrics(process_collectors=False), new_metrics(process_collectors=False)
+    a.health_probe("healthz", 503)
+    assert a.value("kubeproxy_proxy_healthz_total", {"code": "503"}) == 1
+    assert b.value("kubeproxy_proxy_healthz_total", {"code": "503"}) is None
+
+
+def test_an_unreadable_nfacct_counter_is_left_out() -> None:
+    m = ProxyMetrics(nfacct_reader=lambda counter: None, process_collectors=False)
+    assert "iptables_ct_state_invalid" not in m.exposition().decode()
+    assert m.value("kubeproxy_iptables_ct_state_invalid_dropped_packets_total") is None
+
+
+# ------------------------------------------------------------------------------ sync listener
+
+
+def local_policy_state() -> ProxyState:
+    cluster = ClusterState(NODE, (IPFamily.IPv4,))
+    cluster.set_service(service("itp", "10.96.0.1", internal_traffic_policy="Local"))
+    cluster.set_endpoint_slice(endpoint_slice("itp", [endpoint("10.244.2.2", "node-b")]))
+    cluster.set_service(
+        service(
+            "lb",
+            "10.96.0.2",
+            type="LoadBalancer",
+            node_port=30001,
+            external_traffic_policy="Local",
+            health_check_node_port=32001,
+        )
+    )
+    cluster.set_endpoint_slice(endpoint_slice("lb", [endpoint("10.244.2.3", "node-b")]))
+    cluster.set_service(service("ok", "10.96.0.3", internal_traffic_policy="Local"))
+    cluster.set_endpoint_slice(endpoint_slice("ok", [endpoint("10.244.1.2", NODE)]))
+    cluster.set_service(service("empty", "10.96.0.4", internal_traffic_policy="Local"))
+    return cluster.checkout(full=True)
+
+
+def test_no_local_endpoints_is_computed_from_the_graph() -> None:
+    state = local_policy_state()
+    # itp: internal, lb: external; ok has a local endpoint; empty has no endpoint at all.
+    assert no_local_endpoints(state.graphs[IPFamily.IPv4]) == (1, 1)
+
+
+def test_sync_listener_records_a_full_and_a_partial_sync() -> None:
+    m = new_metrics()
+    state = local_policy_state()
+    m.sync_listener(state, SyncResult(full=True), 0.004)
+    assert m.value("kubeproxy_sync_proxy_rules_duration_seconds_count", V4) == 1
+    assert m.value("kubeproxy_sync_full_proxy_rules_duration_seconds_sum", V4) == 0.004
+    assert m.value("kubeproxy_sync_partial_proxy_rules_duration_seconds_count", V4) is None
+    assert m.value("kubeproxy_sync_proxy_rules_last_timestamp_seconds", V4) == T0
+    policy = {"ip_family": "IPv4", "traffic_policy": "internal"}
+    assert m.value("kubeproxy_sync_proxy_rules_no_local_endpoints_total", policy) == 1
+
+    # A backend's own counts win; iptables_* gauges come from its counts only.
+    counts = {
+        "no_local_endpoints_internal_IPv4": 5,
+        "no_local_endpoints_external_IPv4": 6,
+        "iptables_total_nat_IPv4": 40,
+        "iptables_total_filter_IPv4": 9,
+        "iptables_last_nat_IPv4": 4,
+    }
+    m.sync_listener(state, SyncResult(full=False, counts=counts), 0.002)
+    assert m.value("kubeproxy_sync_partial_proxy_rules_duration_seconds_count", V4) == 1
+    assert m.value("kubeproxy_sync_proxy_rules_no_local_endpoints_total", policy) == 5
+    nat = {"ip_family": "IPv4", "table": "nat"}
+    assert m.value("kubeproxy_sync_proxy_rules_iptables_total", nat) == 40
+    assert m.value("kubeproxy_sync_proxy_rules_iptables_last", nat) == 4
+    assert m.value("kubeproxy_sync_proxy_rules_iptables_last", {**nat, "table": "filter"}) is None
+
+
+@dataclass(frozen=True)
+class ChangesWithTriggers:
+    """A change set as the tracker can report it: with EndpointSlice trigger times."""
+
+    full: bool = False
+    trigger_times: dict[str, float] = field(default_factory=dict)
+
+
+def test_network_programming_latency_uses_trigger_times() -> None:
+    m = new_metrics()
+    state = local_policy_state()
+    changes = {IPFamily.IPv4: ChangesWithTriggers(trigger_times={"default/web": T0 - 2.5})}
+    m.sync_listener(ProxyState(state.node, state.graphs, changes), SyncResult(full=False), 0.1)
+    assert m.value("kubeproxy_network_programming_duration_seconds_sum", V4) == 2.5
+    le3 = {**V4, "le": "3.0"}
+    assert m.value("kubeproxy_network_programming_duration_seconds_bucket", le3) == 1
+
+
+def test_pending_and_change_counts() -> None:
+    m = new_metrics()
+    m.set_pending(2, 3)
+    m.add_changes(services=2, endpoints=0)
+    assert m.value("kubeproxy_sync_proxy_rules_service_changes_pending") == 2
+    assert m.value("kubeproxy_sync_proxy_rules_endpoint_changes_pending") == 3
+    assert m.value("kubeproxy_sync_proxy_rules_service_changes_total") == 2
+    assert m.value("kubeproxy_sync_proxy_rules_endpoint_changes_total") == 0
+
+
+@pytest.fixture
+def serving() -> Iterator[HTTPServing]:
+    loop = HTTPServing()
+    try:
+        yield loop
+    finally:
+        loop.stop()
+
+
+def test_metrics_server_serves_metrics_proxymode_and_healthz(serving: HTTPServing) -> None:
+    server = MetricsServer(serving, new_metrics(), "127.0.0.1", 0)
+    conn = http.client.HTTPConnection(*server.address, timeout=5)
+    try:
+        conn.request("GET", "/metrics")
+        resp = conn.getresponse()
+        body = resp.read().decode()
+        assert resp.status == 200
+        assert resp.getheader("Content-Type") == "text/plain; version=0.0.4; charset=utf-8"
+        assert "# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram" in body
+        for path, want in (("/proxyMode", "iptables"), ("/healthz", "ok")):
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            assert (resp.status, resp.read().decode()) == (200, want)
+    finally:
+        conn.close()
+        server.close()
+
+
+# -------------------------------------------------------------------------------- the kernel
+
+
+@pytest.mark.kernel
+def test_nfacct_counter_is_read_in_the_nodes_namespace() -> None:
+    ns = f"{unique_prefix()}-nfacct"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+
+        def run(*argv: str) -> None:
+            subprocess.run(["ip", "netns", "exec", ns, *argv], check=True, capture_output=True)
+
+        run("ip", "link", "set", "lo", "up")
+        if subprocess.run(
+            ["ip", "netns", "exec", ns, "nfacct", "add", NFACCT_LOCALHOST_NODEPORTS_ACCEPTED],
+            capture_output=True,
+        ).returncode:
+            pytest.skip("nfacct not available")
+        m = ProxyMetrics(netns=ns, process_collectors=False)
+        name = "kubeproxy_iptables_localhost_nodeports_accepted_packets_total"
+        assert m.value(name) == 0
+        assert m.value("kubeproxy_iptables_ct_state_invalid_dropped_packets_total") is None
+        run(
+            "iptables", "-A", "OUTPUT", "-o", "lo", "-p", "udp", "--dport", "9",
+            "-m", "nfacct", "--nfacct-name", NFACCT_LOCALHOST_NODEPORTS_ACCEPTED,
+        )  # fmt: skip
+        script = (
+            "import socket\nfor _ in range(3): socket.socket(2, 2).sendto(b'x', ('127.0.0.1', 9))"
+        )
+        run(sys.executable, "-c", script)
+        assert m.value(name) == 3
+        assert read_nfacct(NFACCT_LOCALHOST_NODEPORTS_ACCEPTED, ns) == 3
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+# ------------------------------------------------------------------------- failure counters
+
+
+class FailingBackend(Backend):
+    """Dual-stack; ``fail`` is what apply raises (None: it succeeds)."""
+
+    mode = "iptables"
+
+    def __init__(self) -> None:
+        super().__init__(BackendContext(default_config(), NODE, DUAL))
+        self.fail: BackendError | None = None
+
+    def render(self, state: ProxyState) -> Rendered:
+        return _Rendered(state.is_full())
+
+    def apply(self, rendered: Rendered) -> SyncResult:
+        if self.fail is not None:
+            raise self.fail
+        return SyncResult(full=rendered.full)
+
+    def cleanup(self) -> None:
+        pass
+
+
+@dataclass
+class _Rendered(Rendered):
+    is_full: bool
+
+    @property
+    def full(self) -> bool:
+        return self.is_full
+
+    def __str__(self) -> str:
+        return ""
+
+
+DUAL = (IPFamily.IPv4, IPFamily.IPv6)
+RESTORE_FAILURES = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
+PARTIAL_FAILURES = "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"
+
+
+def failures(m: ProxyMetrics) -> dict[str, tuple[float, float]]:
+    """(restore, partial restore) failures per family."""
+    return {
+        f.value: (
+            m.value(RESTORE_FAILURES, {"ip_family": f.value}) or 0.0,
+            m.value(PARTIAL_FAILURES, {"ip_family": f.value}) or 0.0,
+        )
+        for f in DUAL
+    }
+
+
+def test_a_failed_sync_counts_only_the_families_that_failed() -> None:
+    cluster = ClusterState(NODE, DUAL)
+    backend = FailingBackend()
+    m = new_metrics(process_collectors=False)
+    ops = start_operations(
+        default_config(), Proxier(cluster, backend), cluster, serve=False, sysctls=False, metrics=m
+    )
+    try:
+        cluster.set_service(service("web", "10.96.0.50", 80, secondary_cluster_ip="fd00::50"))
+        assert ops.sync(full=True)
+        cluster.set_service(service("web", "10.96.0.50", 81, secondary_cluster_ip="fd00::50"))
+        backend.fail = BackendError("IPv4: iptables-restore failed", families=[IPFamily.IPv4])
+        assert not ops.sync()  # a partial sync, failed in IPv4 only
+        assert failures(m) == {"IPv4": (1, 1), "IPv6": (0, 0)}
+        # Its duration is observed too, as upstream does for a failed sync.
+        partial = "kubeproxy_sync_partial_proxy_rules_duration_seconds_count"
+        assert m.value(partial, {"ip_family": "IPv4"}) == 1
+        assert m.value(partial, {"ip_family": "IPv6"}) is None
+
+        backend.fail = BackendError("both failed")  # no families: all of them
+        assert not ops.sync()  # the retry is full: no partial failure
+        assert failures(m) == {"IPv4": (2, 1), "IPv6": (1, 0)}
+    finally:
+        ops.stop()

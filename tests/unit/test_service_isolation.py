@@ -1,0 +1,142 @@
+"""One Service the backend cannot program costs only that Service (nftables mode, no root).
+
+A Service whose rules cannot be rendered (an exception in its own fragment) or whose
+commands the kernel refuses is left out of the sync: every other Service is programmed in the
+same sync, the failing one is named (with the reason) in ``SyncResult.failed`` and in the
+Proxier's log and status, its previous rules stay in the table, and the next sync retries it,
+without a change to it and without turning every later sync into a failing full one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from render_kit import endpoint_slice, ep
+from test_nftables_render import NODE, FakeKernel, Harness, many_services
+
+import kubeplex.backends.nftables.render as render_module
+from kubeplex.core.daemon.proxier import Proxier
+from kubeplex.core.model.errors import BackendError
+
+BROKEN = "-ns3/web/"
+
+
+class RefusingKernel(FakeKernel):
+    """Refuses every transaction with a command naming ``refused`` (as nft names the line)."""
+
+    def __init__(self, refused: str | None) -> None:
+        super().__init__()
+        self.refused = refused
+        self.refusals = 0
+
+    def run(self, text: str) -> None:
+        if self.refused is not None:
+            for line in text.splitlines():
+                if self.refused in line:
+                    self.refusals += 1
+                    raise BackendError(f"nft -f failed: Error: Invalid argument\n{line}\n^^^")
+        super().run(text)
+
+
+def harness(refused: str | None = None) -> tuple[Harness, RefusingKernel, Proxier]:
+    h = Harness(many_services(6, 2))
+    kernel = RefusingKernel(refused)
+    h.kernel = kernel
+    h.backend._kernel = kernel  # type: ignore[assignment]
+    return h, kernel, Proxier(h.cluster, h.backend)
+
+
+def new_endpoints(i: int, last: int) -> dict[str, Any]:
+    return endpoint_slice(f"ns{i}", "web", [ep(f"10.0.{i}.1", NODE), ep(f"10.0.{i}.{last}", "n2")])
+
+
+@pytest.fixture
+def broken_render(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """service_objects raises for ns3/web (a bug in one Service's fragment)."""
+    real = render_module.service_objects
+
+    def objects(svc: Any, cat: Any, settings: Any) -> Any:
+        if svc.name.namespace == "ns3":
+            raise ZeroDivisionError("bug in one fragment")
+        return real(svc, cat, settings)
+
+    monkeypatch.setattr(render_module, "service_objects", objects)
+    yield
+
+
+def test_a_service_the_kernel_refuses_in_a_partial_sync_costs_only_itself() -> None:
+    h, kernel, proxier = harness()
+    assert proxier.sync()
+    before = h.dump()
+    h.feed([new_endpoints(1, 7), new_endpoints(3, 7), new_endpoints(5, 7)])
+    kernel.refused = BROKEN
+    assert proxier.sync()
+    assert not proxier.next_sync_full
+    assert list(proxier.status.failed_services) == ["ns3/web:p80"]
+    assert "Invalid argument" in proxier.status.failed_services["ns3/web:p80"]
+    dump = h.dump()
+    assert "10.0.1.7" in dump and "10.0.5.7" in dump  # the others: programmed
+    assert "10.0.3.7" not in dump  # the refused change: not in the table ...
+    ns3 = [ln for ln in before.splitlines() if BROKEN in ln]
+    assert ns3 and all(ln in dump for ln in ns3)  # ... and its old rules: kept
+    # The next sync retries it (no change to it since) and programs it.
+    kernel.refused = None
+    assert proxier.sync()
+    assert proxier.status.failed_services == {}
+    assert "10.0.3.7" in h.dump()
+
+
+def test_a_refused_service_does_not_make_full_syncs_fail_forever() -> None:
+    h, _kernel, proxier = harness(BROKEN)
+    for _ in range(3):
+        assert proxier.sync(full=True)
+        assert not proxier.next_sync_full
+        assert list(proxier.status.failed_services) == ["ns3/web:p80"]
+    dump = h.dump()
+    assert "-ns2/web/" in dump and "-ns4/web/" in dump and BROKEN not in dump
+    assert proxier.status.service_failures == 3 and proxier.status.failures == 0
+
+
+def test_a_refusal_naming_no_service_still_fails_the_sync() -> None:
+    h, kernel, proxier = harness()
+    assert proxier.sync()
+    before = h.dump()
+    h.feed([new_endpoints(1, 7)])
+    kernel.refused = "mark-for-masquerade mark set"  # a fixed rule: nobody's own
+    assert not proxier.sync(full=True)
+    assert proxier.next_sync_full and h.dump() == before
+
+
+def test_a_service_whose_rules_cannot_be_rendered_costs_only_itself(broken_render: None) -> None:
+    h, _kernel, proxier = harness()
+    assert proxier.sync()  # a first (full) sync: everything but ns3/web
+    assert list(proxier.status.failed_services) == ["ns3/web:p80"]
+    assert "ZeroDivisionError" in proxier.status.failed_services["ns3/web:p80"]
+    dump = h.dump()
+    assert BROKEN not in dump and "-ns2/web/" in dump and "-ns4/web/" in dump
+    h.feed([new_endpoints(2, 7)])
+    assert proxier.sync() and "10.0.2.7" in h.dump()
+    assert list(proxier.status.failed_services) == ["ns3/web:p80"]  # retried, still failing
+
+
+def test_a_failing_render_keeps_the_services_last_good_rules(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    h, _kernel, proxier = harness()
+    assert proxier.sync()
+    before = [ln for ln in h.dump().splitlines() if BROKEN in ln]
+    real = render_module.service_objects
+
+    def objects(svc: Any, cat: Any, settings: Any) -> Any:
+        if svc.name.namespace == "ns3":
+            raise RuntimeError("broken")
+        return real(svc, cat, settings)
+
+    monkeypatch.setattr(render_module, "service_objects", objects)
+    h.feed([new_endpoints(3, 7), new_endpoints(4, 7)])
+    assert proxier.sync(full=True)
+    dump = h.dump()
+    assert "10.0.4.7" in dump and "10.0.3.7" not in dump
+    assert before and all(ln in dump for ln in before)
