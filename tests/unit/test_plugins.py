@@ -113,7 +113,8 @@ def render_args(mode: str) -> tuple[str, ...]:
 
 def test_packaged_default_is_the_repository_file_and_matches_the_entry_points() -> None:
     top = ROOT / "plugins.toml"
-    assert top.is_symlink() and top.resolve() == (ROOT / "core" / "dataplane" / "plugins.toml").resolve()
+    packaged = ROOT / "core" / "dataplane" / "plugins.toml"
+    assert top.is_symlink() and top.resolve() == packaged.resolve()
     assert Path(plugins.packaged_trust_file()).resolve() == top.resolve()
     trust = plugins.load_trust_list()
     assert trust.origin == "packaged default"
@@ -121,7 +122,8 @@ def test_packaged_default_is_the_repository_file_and_matches_the_entry_points() 
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     registered = pyproject["project"]["entry-points"]["kubeplex.backends"]
     assert {m: e.entry_point for m, e in trust.backends.items()} == registered
-    assert "plugins.toml" in pyproject["tool"]["setuptools"]["package-data"]["kubeplex.core.dataplane"]
+    package_data = pyproject["tool"]["setuptools"]["package-data"]
+    assert "plugins.toml" in package_data["kubeplex.core.dataplane"]
 
 
 def test_which_trust_list_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -550,4 +552,5 @@ def test_a_wheel_of_kubeplex_carries_the_trust_list(tmp_path: Path) -> None:
     assert "kubeplex/core/dataplane/plugins.toml" in names
     assert "kubeplex/testing/conformance.py" in names
     with zipfile.ZipFile(wheel).open("kubeplex/core/dataplane/plugins.toml") as packaged:
-        assert packaged.read().decode() == (ROOT / "core" / "dataplane" / "plugins.toml").read_text()
+        in_tree = ROOT / "core" / "dataplane" / "plugins.toml"
+        assert packaged.read().decode() == in_tree.read_text()
