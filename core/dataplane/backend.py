@@ -1,13 +1,31 @@
-"""The contract between the core and a dataplane plugin.
+"""The contract between the core and a dataplane plugin (version 2).
 
-A backend is two steps:
+A backend is three steps, and ``sync`` runs them in order:
 
-* ``render(state)`` — pure: from the graph (and, for a partial sync, the change set) to the
-  rules as a printable value. No system calls, no root: golden-testable anywhere. A backend may
-  keep a cache of what it rendered before, to re-render only changed services.
-* ``apply(rendered)`` — thin: hands the value to the kernel (iptables-restore, ``nft -f``,
-  netlink). It raises ``BackendError`` if the kernel refused; the previous rules must then still
-  be in place, and the backend's next render must be a full one.
+* ``observe(state)`` — reads what the next render needs to know of the kernel (on a full sync:
+  chains or objects left by earlier runs, objects gone missing, the node's addresses). The only
+  read of the kernel on the sync path; None where nothing is needed. ``kubeplex render`` calls
+  it too when it may read the kernel.
+* ``render(state, observed)`` — pure: from the graph (the change set for a partial sync) and
+  the observation to the whole plan, as a printable value. No system calls, no root:
+  golden-testable anywhere. A backend may keep a cache of what it rendered before, to
+  re-render only changed services. ``Rendered.kernel_inputs()`` is exactly what ``apply``
+  will send, in order, and ``str()`` prints it.
+* ``apply(rendered)`` — thin: sends the plan to the kernel and adds nothing to it. It raises
+  ``BackendError`` if the kernel refused; the previous rules must then still be in place, and
+  the backend's next render must be a full one.
+
+The kernel seam is passed in: ``BackendContext.kernel`` is the object a backend programs the
+kernel through (each backend documents its type; ``kubeplex.testing.fakes`` has in-memory
+ones). None makes the backend open the node's real kernel (``real_kernel``), inside
+``BackendContext.netns`` if set. A seam names the methods through which ``apply`` writes in
+its ``writes`` class attribute: the conformance kit makes them fail to test a refused apply.
+
+Beside the sync path, every backend answers ``cleanup()`` (remove every artifact of its mode,
+nothing else, and say what was removed), ``leftovers()`` (what of its mode is programmed on
+this node) and ``inspect(service_port)`` (what is programmed for one Service port, as
+mode-neutral data). It contributes its own metric families (``metric_families``), fed by the
+typed fields of ``SyncResult`` and by ``scrape``.
 
 Backends never learn where objects came from (API server or manifests), and they are found
 through the ``kubeplex.backends`` entry-point group, so the core imports none of them.
@@ -15,15 +33,19 @@ through the ``kubeplex.backends`` entry-point group, so the core imports none of
 
 from __future__ import annotations
 
+import enum
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
-from kubeplex.core.model.graph import ProxyState
-from kubeplex.core.model.types import IPFamily
+from kubeplex.core.model.graph import ChangeSet, ProxyState, ServiceGraph
+from kubeplex.core.model.types import IPFamily, ServicePortName
+
+#: The version of this contract; a plugin may check it (``kubeplex backends`` prints it).
+CONTRACT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -35,29 +57,142 @@ class BackendContext:
     families: tuple[IPFamily, ...] = (IPFamily.IPv4, IPFamily.IPv6)
     #: Run every command inside this network namespace (``ip netns exec``); None: the host's.
     netns: str | None = None
+    #: The kernel seam (its type is the backend's; see its documentation). None: the
+    #: backend opens the node's real kernel (in ``netns``).
+    kernel: Any = None
 
 
 class Rendered(ABC):
-    """A backend's rendered rules. ``str()`` is exactly what would be handed to the kernel."""
+    """A backend's whole plan for one sync. ``str()`` prints exactly what ``apply`` sends."""
 
     @property
     def full(self) -> bool:
         """True if this render rewrites everything, False for a partial (changed services)."""
         return True
 
+    def kernel_inputs(self) -> Sequence[str]:
+        """What ``apply`` hands to the kernel, in order (texts as the tools read them)."""
+        return [str(self)]
+
     @abstractmethod
     def __str__(self) -> str: ...
+
+
+# --- results and metrics --------------------------------------------------------------------
+
+
+class MetricEvent(enum.Enum):
+    """What, besides the backend's samples, the daemon feeds into a contributed family."""
+
+    #: Only ``SyncResult.samples`` and ``scrape``.
+    NONE = "none"
+    #: +1 per IP family of every failed sync (counter, label ``ip_family``).
+    SYNC_FAILED = "sync-failed"
+    #: +1 per IP family of every failed partial sync.
+    PARTIAL_SYNC_FAILED = "partial-sync-failed"
+    #: The duration of every full sync, failed ones too (histogram, label ``ip_family``).
+    FULL_SYNC_SECONDS = "full-sync-seconds"
+    #: The duration of every partial sync, failed ones too.
+    PARTIAL_SYNC_SECONDS = "partial-sync-seconds"
+
+
+@dataclass(frozen=True)
+class MetricFamily:
+    """One metric a backend contributes, with upstream's name, help, type and labels."""
+
+    name: str
+    help: str
+    kind: Literal["counter", "gauge", "histogram"]
+    labels: tuple[str, ...] = ("ip_family",)
+    #: Histograms: the bucket bounds (empty: the sync-duration buckets every mode uses).
+    buckets: tuple[float, ...] = ()
+    on: MetricEvent = MetricEvent.NONE
+    #: Its value lives in the kernel: read through ``Backend.scrape`` at every scrape.
+    scraped: bool = False
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One value for a contributed family: label values in the family's label order."""
+
+    family: str
+    labels: tuple[str, ...]
+    value: float
+    #: True: added to a counter; False: the gauge is set to it.
+    add: bool = False
+
+
+@dataclass(frozen=True)
+class NoLocalEndpoints:
+    """Services with a Local traffic policy and no local endpoint, by policy kind."""
+
+    internal: int = 0
+    external: int = 0
 
 
 @dataclass(frozen=True)
 class SyncResult:
     full: bool
-    #: Backend-specific counts for metrics and logs (rules written, chains deleted, ...).
+    #: Statistics for logs and benchmarks (rules written, chains deleted, ...); no metric is
+    #: read from them.
     counts: dict[str, int] = field(default_factory=dict)
     #: Services the sync left out, by name ("namespace/name:port"), with the reason: their
     #: rules could not be rendered or the kernel refused them. Everything else was
     #: programmed; their previous rules stay, and the backend retries them on the next sync.
     failed: dict[str, str] = field(default_factory=dict)
+    #: Per IP family; a family missing here is computed from the graph.
+    no_local_endpoints: Mapping[IPFamily, NoLocalEndpoints] = field(default_factory=dict)
+    #: Values of the backend's own metric families after this sync.
+    samples: tuple[Sample, ...] = ()
+
+
+# --- cleanup, leftovers, inspection ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CleanupReport:
+    """What ``cleanup`` removed, one line per artifact ("iptables nat chain KUBE-SVC-...")."""
+
+    mode: str
+    removed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EndpointView:
+    """One endpoint of a programmed Service port, as the kernel holds it."""
+
+    #: Where new connections are sent (DNAT target or real server), "ip:port".
+    target: str
+    #: The share of new connections the kernel gives it (0..1), from its probability, slot
+    #: count or weight; None where the kernel does not say.
+    share: float | None = None
+    #: The kernel's own weight (IPVS weight, numgen slots), if it has one.
+    weight: int | None = None
+    packets: int | None = None
+    bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class ProgrammedService:
+    """What one IP family's kernel holds for one Service port (``Backend.inspect``)."""
+
+    service: str
+    family: IPFamily
+    #: Where traffic enters: the kernel's own lines matching the Service's addresses (rules,
+    #: set or map elements, virtual services), as its tools print them.
+    entries: tuple[str, ...] = ()
+    endpoints: tuple[EndpointView, ...] = ()
+    #: Whether traffic of this Service is marked for masquerading (some or all of it).
+    masquerade: bool = False
+    #: ClientIP affinity timeout in seconds, if sessions stick.
+    affinity_seconds: int | None = None
+    #: Packets counted at the entry, where the kernel counts them.
+    packets: int | None = None
+    #: Names of the kernel objects that belong to this Service port (chains, sets, ...).
+    objects: tuple[str, ...] = ()
+
+
+# --- the backend ----------------------------------------------------------------------------
 
 
 class Backend(ABC):
@@ -69,9 +204,18 @@ class Backend(ABC):
     capabilities: frozenset[str] = frozenset()
     #: Executables this backend needs on the node.
     required_tools: tuple[str, ...] = ()
+    #: Whether the daemon cleans conntrack entries after syncs (and registers upstream's
+    #: conntrack reconciler metrics) for this backend.
+    uses_conntrack: bool = True
 
     def __init__(self, ctx: BackendContext) -> None:
         self.ctx = ctx
+        #: The kernel seam (see ``BackendContext.kernel``).
+        self.kernel: Any = ctx.kernel if ctx.kernel is not None else self.real_kernel()
+
+    def real_kernel(self) -> Any:
+        """The node's real kernel seam, in ``ctx.netns`` (None: a render-only backend)."""
+        return None
 
     def missing_requirements(self) -> list[str]:
         """What this node lacks for the backend to run (empty: ready)."""
@@ -81,40 +225,76 @@ class Backend(ABC):
             if not shutil.which(t)
         ]
 
+    def sync_periods(self) -> tuple[float, float]:
+        """(syncPeriod, minSyncPeriod) in seconds of the config section this mode reads;
+        by default the iptables section's, as upstream's modes without their own."""
+        cfg = self.ctx.config.iptables
+        return cfg.sync_period, cfg.min_sync_period
+
     def prepare(self) -> None:  # noqa: B027 - optional hook
         """One-time node setup before the first apply (not called by ``kubeplex render``)."""
 
+    def observe(self, state: ProxyState) -> Any:
+        """What the next render of ``state`` needs to know of the kernel (None: nothing)."""
+        return None
+
     @abstractmethod
-    def render(self, state: ProxyState) -> Rendered:
-        """Rules for ``state``: everything if any change set is full, else the changed services."""
+    def render(self, state: ProxyState, observed: Any = None) -> Rendered:
+        """The whole plan for ``state`` (everything if any change set is full, else the
+        changed services), given what ``observe`` found."""
 
     @abstractmethod
     def apply(self, rendered: Rendered) -> SyncResult:
-        """Program the kernel; raise BackendError (leaving the old rules) if it fails."""
+        """Send ``rendered.kernel_inputs()``; raise BackendError (leaving the old rules) if
+        the kernel refuses."""
 
     def sync(self, state: ProxyState) -> SyncResult:
-        """Render and apply. A backend may override it to isolate failing services: program
-        the others and name the failing ones in ``SyncResult.failed``, instead of raising."""
-        return self.apply(self.render(state))
+        """Observe, render, apply. A backend may override it to isolate failing services:
+        program the others and name the failing ones in ``SyncResult.failed``."""
+        return self.apply(self.render(state, self.observe(state)))
 
     def invalidate(self) -> None:  # noqa: B027 - optional hook
         """Forget render caches: the next render is full (called after a failed apply)."""
 
-    @abstractmethod
-    def cleanup(self) -> None:
-        """Remove every artifact this backend ever programmed (``kubeplex cleanup``)."""
+    def cleanup(self) -> CleanupReport:
+        """Remove every artifact of this mode on the node, and nothing else (``kubeplex
+        cleanup``), whoever made it; says what was removed. Default: nothing to remove."""
+        return CleanupReport(self.mode)
+
+    def leftovers(self) -> list[str]:
+        """What of this mode is programmed on the node (empty: nothing), one line per
+        artifact, in the words of ``CleanupReport``. Default: nothing."""
+        return []
+
+    def inspect(self, service_port: ServicePortName) -> list[ProgrammedService] | None:
+        """What the kernel holds for ``service_port``, one entry per IP family that has
+        anything of it (empty: nothing programmed). None: this backend cannot read it back."""
+        return None
+
+    def metric_families(self) -> Sequence[MetricFamily]:
+        """The mode's own metrics (upstream's names), registered by the daemon at start."""
+        return ()
+
+    def scrape(self) -> Sequence[Sample]:
+        """Values of the ``scraped`` families, read now (called at every /metrics scrape)."""
+        return ()
 
     def describe(self) -> Sequence[str]:
         """Extra lines for ``kubeplex backends`` (which lists the capabilities already)."""
         return []
 
 
+# --- the shared per-family render loop ------------------------------------------------------
+
+
 class FamilyRenderer(Protocol):
-    """What PerFamily needs of a backend's per-family renderer."""
+    """What ``FamilyBackend`` needs of a backend's per-family renderer."""
 
     settings: Any
     #: Set to make the next render a full one.
     force_full: bool
+
+    def invalidate(self) -> None: ...
 
 
 R = TypeVar("R", bound=FamilyRenderer)
@@ -143,9 +323,58 @@ class PerFamily(Generic[R]):
     def __getitem__(self, family: IPFamily) -> R:
         return self._renderers[family]
 
+    def __contains__(self, family: object) -> bool:
+        return family in self._renderers
+
     def __iter__(self) -> Iterator[R]:
         return iter(list(self._renderers.values()))
 
     def clear(self) -> None:
         """Forget every renderer (after a cleanup: nothing of ours is left to build on)."""
         self._renderers.clear()
+
+
+class FamilyBackend(Backend, Generic[R]):
+    """A backend that renders each IP family on its own, with one renderer per family.
+
+    Subclasses give the renderer (``make_renderer``), each family's settings, how one family
+    is rendered, and how the families' plans make one ``Rendered``; the loop over families
+    and ``invalidate`` are here, once.
+    """
+
+    def __init__(self, ctx: BackendContext) -> None:
+        super().__init__(ctx)
+        self.renderers: PerFamily[R] = PerFamily(self.make_renderer)
+
+    @abstractmethod
+    def make_renderer(self, settings: Any) -> R:
+        """A new renderer of one family, for ``settings``."""
+
+    @abstractmethod
+    def family_settings(self, family: IPFamily, state: ProxyState, observed: Any) -> Any:
+        """The settings the rules of ``family`` depend on (a change re-renders everything)."""
+
+    @abstractmethod
+    def render_family(
+        self, renderer: R, graph: ServiceGraph, changes: ChangeSet, observed: Any
+    ) -> Any:
+        """One family's plan."""
+
+    @abstractmethod
+    def combine(self, plans: list[Any]) -> Rendered:
+        """The families' plans as one ``Rendered``."""
+
+    def render(self, state: ProxyState, observed: Any = None) -> Rendered:
+        plans = []
+        for family in self.ctx.families:
+            graph = state.graphs.get(family)
+            if graph is None:
+                continue
+            settings = self.family_settings(family, state, observed)
+            renderer = self.renderers.with_settings(family, settings)
+            plans.append(self.render_family(renderer, graph, state.changes[family], observed))
+        return self.combine(plans)
+
+    def invalidate(self) -> None:
+        for r in self.renderers:
+            r.invalidate()
