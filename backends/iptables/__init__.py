@@ -1,42 +1,65 @@
-"""The iptables dataplane: upstream kube-proxy's iptables mode, rule for rule."""
+"""The iptables dataplane: upstream kube-proxy's iptables mode, rule for rule.
+
+The kernel seam is ``kubeplex.backends.netfilter.iptables.IptablesSeam`` (both families;
+the real one is ``Iptables(netns)``). ``observe`` reads, for each family whose next render is
+full, the saved ruleset and the node's interface addresses; the render then plans everything
+apply writes: the leftover service chains to delete, missing canary chains and jumps, the
+route_localnet sysctl, and what the kernel held for a rollback.
+"""
 
 from __future__ import annotations
 
 import ipaddress
 import logging
 import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from kubeplex.backends.iptables import names
+from kubeplex.backends.iptables import metrics, names, readback
 from kubeplex.backends.iptables.prelude import prelude
+from kubeplex.backends.iptables.readback import FIXED_CHAINS as FIXED_CHAINS
 from kubeplex.backends.iptables.render import FamilyPlan, FamilyRenderer, IptablesRendered
 from kubeplex.backends.iptables.rules import (
     NFACCT_INVALID_DROPPED,
     NFACCT_LOCALHOST_NODEPORTS,
     FamilySettings,
 )
-from kubeplex.backends.netfilter.iptables import IptablesKernel
+from kubeplex.backends.netfilter.iptables import Iptables, IptablesSeam, SavedRuleset
 from kubeplex.backends.netfilter.rollback import Before, restore_all
 from kubeplex.core.config.localdetect import local_detector
-from kubeplex.core.dataplane.backend import Backend, BackendContext, PerFamily, Rendered, SyncResult
+from kubeplex.core.dataplane.backend import (
+    BackendContext,
+    CleanupReport,
+    FamilyBackend,
+    MetricFamily,
+    NoLocalEndpoints,
+    ProgrammedService,
+    Rendered,
+    Sample,
+    SyncResult,
+)
 from kubeplex.core.model.errors import BackendError
-from kubeplex.core.model.graph import ProxyState
-from kubeplex.core.model.types import IPFamily, NodeInfo, family_of
+from kubeplex.core.model.graph import ChangeSet, ProxyState, ServiceGraph
+from kubeplex.core.model.types import IPFamily, NodeInfo, ServicePortName, family_of
 
 log = logging.getLogger(__name__)
 
 NFACCT_COUNTERS = (NFACCT_LOCALHOST_NODEPORTS, NFACCT_INVALID_DROPPED)
-FIXED_CHAINS = frozenset(
-    {
-        names.SERVICES,
-        names.EXTERNAL_SERVICES,
-        names.NODEPORTS,
-        names.POSTROUTING,
-        names.MARK_MASQ,
-        names.FORWARD,
-        names.PROXY_FIREWALL,
-        names.CANARY,
-    }
-)
+ROUTE_LOCALNET = "net.ipv4.conf.all.route_localnet"
+
+
+@dataclass(frozen=True)
+class IptablesObserved:
+    """One family's kernel before a full sync."""
+
+    saved: SavedRuleset
+    #: Every address on the node's interfaces (NodePort addresses follow them).
+    addresses: tuple[str, ...]
+
+
+#: What ``IptablesBackend.observe`` returns: the families whose next render is full.
+Observation = Mapping[IPFamily, IptablesObserved]
 
 
 def node_port_ips(
@@ -69,29 +92,62 @@ def admits_loopback(addresses: tuple[str, ...]) -> bool:
     )
 
 
-class IptablesBackend(Backend):
+class IptablesBackend(FamilyBackend[FamilyRenderer]):
     mode = "iptables"
     capabilities = frozenset(
         {"localhost-nodeports", "session-affinity", "sctp", "ipv6", "load-balancer-source-ranges"}
     )
     required_tools = ("iptables", "iptables-restore", "iptables-save")
+    #: The kernel seam (``BackendContext.kernel``, else ``Iptables(ctx.netns)``).
+    kernel: IptablesSeam
 
     def __init__(self, ctx: BackendContext) -> None:
         super().__init__(ctx)
-        self._renderers = PerFamily(FamilyRenderer)
-        self._kernels = {f: IptablesKernel(f, ctx.netns) for f in ctx.families}
         #: nfacct counters: assumed present (any current kernel has nfacct) until prepare()
         #: finds out, so a render does not depend on the machine it runs on.
         self._nfacct = frozenset(NFACCT_COUNTERS)
-        #: The node's interface addresses (prepare() reads them); until then the Node's own.
-        self._host_addresses: tuple[str, ...] | None = None
+        #: Per family, the interface addresses its renderer's settings were made with (the
+        #: last observation); until the first, the Node's own.
+        self._addresses: dict[IPFamily, tuple[str, ...]] = {}
         self._prepared = False
 
-    # --- render -----------------------------------------------------------------------------
+    def real_kernel(self) -> IptablesSeam:
+        return Iptables(self.ctx.netns)
 
-    def settings(self, family: IPFamily, node: NodeInfo) -> FamilySettings:
+    # --- observe and render -----------------------------------------------------------------
+
+    def observe(self, state: ProxyState) -> Observation | None:
+        """The saved ruleset of every family whose next render is full, and the addresses."""
+        full = [
+            f
+            for f in self.ctx.families
+            if f in state.graphs and self._next_is_full(f, state, state.graphs[f])
+        ]
+        if not full:
+            return None
+        addresses = self.kernel.interface_addresses()
+        return {
+            f: IptablesObserved(SavedRuleset.parse(self.kernel.save(f)), addresses) for f in full
+        }
+
+    def _next_is_full(self, family: IPFamily, state: ProxyState, graph: ServiceGraph) -> bool:
+        if family not in self.renderers:
+            return True
+        renderer = self.renderers[family]
+        if renderer.settings != self.family_settings(family, state, None):
+            return True
+        return renderer.next_is_full(graph, state.changes[family])
+
+    def make_renderer(self, settings: Any) -> FamilyRenderer:
+        return FamilyRenderer(settings)
+
+    def family_settings(self, family: IPFamily, state: ProxyState, observed: Any) -> FamilySettings:
+        seen = observed.get(family) if observed else None
+        if seen is not None:
+            self._addresses[family] = seen.addresses
+        node = state.node
         cfg = self.ctx.config
-        addresses = self._host_addresses if self._host_addresses is not None else node.addresses
+        addresses = self._addresses.get(family, node.addresses)
         npa = tuple(cfg.node_port_addresses)
         ports_ips = node_port_ips(npa, node, family, addresses)
         return FamilySettings(
@@ -109,26 +165,46 @@ class IptablesBackend(Backend):
             conntrack_tcp_liberal=cfg.conntrack.tcp_be_liberal,
         )
 
-    def render(self, state: ProxyState) -> IptablesRendered:
-        plans = []
-        for family in self.ctx.families:
-            graph = state.graphs.get(family)
-            if graph is not None:
-                renderer = self._renderers.with_settings(family, self.settings(family, state.node))
-                plans.append(renderer.render(graph, state.changes[family]))
+    def render_family(
+        self, renderer: FamilyRenderer, graph: ServiceGraph, changes: ChangeSet, observed: Any
+    ) -> FamilyPlan:
+        plan = renderer.render(graph, changes)
+        seen = observed.get(plan.family) if observed else None
+        if plan.full and seen is not None:
+            saved = seen.saved
+            plan.before = Before(saved=saved)
+            plan.existing = saved.chains.get("nat", set())
+            # Chains left by an earlier run (or process) that nothing needs any more.
+            for chain in saved.chains.get("nat", set()):
+                if names.is_service_chain(chain) and chain not in plan.nat_wanted:
+                    plan.delete.add(chain)
+            plan.prelude = prelude(saved, {"filter": set(plan.filter), "nat": set(plan.nat)})
+            if plan.family is IPFamily.IPv4 and renderer.settings.localhost_node_ports:
+                # Localhost NodePorts need martian 127/8 destinations to be routable.
+                plan.sysctls = ((ROUTE_LOCALNET, "1"),)
+        else:
+            applied = renderer.applied_nat
+            plan.before = Before(applied={"filter": renderer.applied_filter, "nat": applied})
+            plan.existing = frozenset(
+                c for c in plan.nat if not names.is_service_chain(c) and c in applied
+            )
+        return plan
+
+    def combine(self, plans: list[Any]) -> IptablesRendered:
         return IptablesRendered(plans)
+
+    def render(self, state: ProxyState, observed: Any = None) -> IptablesRendered:
+        rendered = super().render(state, observed)
+        assert isinstance(rendered, IptablesRendered)
+        return rendered
 
     # --- apply ------------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        """One-time node setup before the first apply: nfacct counters, route_localnet."""
+        """One-time node setup before the first apply: the nfacct counters."""
         if self._prepared:
             return
-        kernel = next(iter(self._kernels.values()))
-        self._nfacct = (
-            kernel.ensure_nfacct(NFACCT_COUNTERS) if shutil.which("nfacct") else frozenset()
-        )
-        self._host_addresses = kernel.interface_addresses()
+        self._nfacct = self.kernel.ensure_nfacct(NFACCT_COUNTERS)
         self._prepared = True
 
     def apply(self, rendered: Rendered) -> SyncResult:
@@ -138,84 +214,105 @@ class IptablesBackend(Backend):
         counts = {"rules": 0, "chains_deleted": 0, "restores": 0}
         errors: dict[str, str] = {}
         failed: dict[IPFamily, str] = {}
+        samples: list[Sample] = []
+        no_local: dict[IPFamily, NoLocalEndpoints] = {}
         for plan in rendered.plans:
             try:
-                self._apply_plan(plan, counts, errors)
+                if self._apply_plan(plan):
+                    self._account(plan, counts, samples)
+                    no_local[plan.family] = NoLocalEndpoints(
+                        plan.no_local_endpoints.get("internal", 0),
+                        plan.no_local_endpoints.get("external", 0),
+                    )
+                    errors.update(plan.errors)
             except BackendError as err:
-                self._renderers[plan.family].invalidate()
+                self.renderers[plan.family].invalidate()
                 failed[plan.family] = f"{plan.family.value}: {err}"
         if failed:
             for svc, why in errors.items():
                 log.error("service %s not programmed: %s", svc, why)
             raise BackendError("; ".join(failed.values()), families=tuple(failed))
         # The Proxier logs these; their last good rules stay until they render again.
-        return SyncResult(full=rendered.full, counts=counts, failed=errors)
+        return SyncResult(
+            full=rendered.full,
+            counts=counts,
+            failed=errors,
+            no_local_endpoints=no_local,
+            samples=tuple(samples),
+        )
 
-    def _apply_plan(self, plan: FamilyPlan, counts: dict[str, int], errors: dict[str, str]) -> None:
-        kernel = self._kernels[plan.family]
-        renderer = self._renderers[plan.family]
-        extra: dict[str, list[str]] = {}
-        existing = set(renderer.applied_nat)
-        before = Before(applied={"filter": renderer.applied_filter, "nat": renderer.applied_nat})
-        if plan.full:
-            saved = kernel.save()
-            before = Before(saved=saved)
-            existing = saved.chains.get("nat", set())
-            # Chains left by an earlier run (or process) that nothing needs any more.
-            for chain in saved.chains.get("nat", set()):
-                if names.is_service_chain(chain) and chain not in plan.nat_wanted:
-                    plan.delete.add(chain)
-            extra = prelude(saved, {"filter": set(plan.filter), "nat": set(plan.nat)})
-            if plan.family is IPFamily.IPv4 and renderer.settings.localhost_node_ports:
-                # Localhost NodePorts need martian 127/8 destinations to be routable.
-                kernel.sysctl("net.ipv4.conf.all.route_localnet", "1")
-        if plan.empty and not extra:
-            renderer.commit(plan)
-            return
-        restore_all(kernel, plan.batches(extra, existing), before)
-        renderer.commit(plan)
-        if plan.full:
-            # NodePort addresses follow the interfaces; a change re-renders everything.
-            self._host_addresses = kernel.interface_addresses()
-        counts["restores"] += 1
+    def _apply_plan(self, plan: FamilyPlan) -> bool:
+        """Write one family's plan; False if there was nothing to write."""
+        for key, value in plan.sysctls:
+            self.kernel.sysctl(key, value)
+        inputs = plan.inputs()
+        if inputs:
+            restore_all(self.kernel, plan.family, inputs, plan.before)
+        self.renderers[plan.family].commit(plan)
+        return bool(inputs)
+
+    def _account(self, plan: FamilyPlan, counts: dict[str, int], samples: list[Sample]) -> None:
+        renderer = self.renderers[plan.family]
         fam = plan.family.value
+        counts["restores"] += 1
         for table, written in (("filter", plan.filter), ("nat", plan.nat)):
-            counts[f"iptables_total_{table}_{fam}"] = renderer.rules_owned[table]
-            counts[f"iptables_last_{table}_{fam}"] = sum(map(len, written.values()))
+            total, last = renderer.rules_owned[table], sum(map(len, written.values()))
+            counts[f"iptables_total_{table}_{fam}"] = total
+            counts[f"iptables_last_{table}_{fam}"] = last
+            samples.append(Sample(metrics.IPTABLES_TOTAL, (fam, table), total))
+            samples.append(Sample(metrics.IPTABLES_LAST, (fam, table), last))
         counts["rules"] += plan.rule_count
         counts["chains_deleted"] += len(plan.delete)
-        errors.update(plan.errors)
-        counts[f"no_local_endpoints_internal_{fam}"] = plan.no_local_endpoints.get("internal", 0)
-        counts[f"no_local_endpoints_external_{fam}"] = plan.no_local_endpoints.get("external", 0)
+        for which in ("internal", "external"):
+            counts[f"no_local_endpoints_{which}_{fam}"] = plan.no_local_endpoints.get(which, 0)
 
-    def invalidate(self) -> None:
-        for r in self._renderers:
-            r.invalidate()
+    # --- beside the sync path ---------------------------------------------------------------
 
-    def cleanup(self) -> None:
+    def metric_families(self) -> Sequence[MetricFamily]:
+        return metrics.FAMILIES
+
+    def scrape(self) -> Sequence[Sample]:
+        out = []
+        for counter, family in metrics.NFACCT_FAMILIES.items():
+            try:
+                packets = self.kernel.read_nfacct(counter)
+            except Exception:  # a scrape never fails on it: the counter is left out
+                log.exception("reading nfacct counter %s failed", counter)
+                packets = None
+            if packets is not None:
+                out.append(Sample(family, (), packets))
+        return out
+
+    def _found(self) -> list[tuple[IPFamily, list[readback.Artifacts]]]:
+        return [
+            (f, readback.artifacts(SavedRuleset.parse(self.kernel.save(f))))
+            for f in self.ctx.families
+        ]
+
+    def cleanup(self) -> CleanupReport:
         """Remove every chain and jump kubeplex (or upstream kube-proxy) made, in every family."""
-        for family, kernel in self._kernels.items():
-            saved = kernel.save()
-            lines: list[str] = []
-            for table in ("filter", "nat", "mangle"):
-                chains = saved.chains.get(table, set())
-                ours = sorted(c for c in chains if c in FIXED_CHAINS or names.is_service_chain(c))
-                jumps = [
-                    r.replace("-A ", "-D ", 1)
-                    for r in saved.rules.get(table, [])
-                    if r.split()[1] not in ours and any(r.endswith(f"-j {c}") for c in ours)
-                ]
-                if not ours and not jumps:
-                    continue
-                lines.append(f"*{table}")
-                lines += [f":{c} - [0:0]" for c in ours]
-                lines += jumps
-                lines += [f"-X {c}" for c in ours]
-                lines.append("COMMIT")
-            if lines:
-                kernel.restore("\n".join(lines) + "\n")
+        removed: list[str] = []
+        for family, found in self._found():
+            text = readback.removal(found)
+            if text:
+                self.kernel.restore(family, text)
+                removed += readback.describe(family, found)
                 log.info("removed iptables rules (%s)", family.value)
         self.invalidate()
+        return CleanupReport(self.mode, tuple(removed))
+
+    def leftovers(self) -> list[str]:
+        return [line for f, found in self._found() for line in readback.describe(f, found)]
+
+    def inspect(self, service_port: ServicePortName) -> list[ProgrammedService] | None:
+        out = []
+        for family in self.ctx.families:
+            nat = SavedRuleset.parse(self.kernel.save(family, "nat", counters=True))
+            filter_ = SavedRuleset.parse(self.kernel.save(family, "filter"))
+            found = readback.programmed(service_port, family, nat, filter_)
+            if found is not None:
+                out.append(found)
+        return out
 
     def missing_requirements(self) -> list[str]:
         missing = super().missing_requirements()

@@ -9,7 +9,7 @@ declared in the restore input keeps its rules and its counters.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kubeplex.backends.iptables import names
@@ -23,6 +23,7 @@ from kubeplex.backends.iptables.rules import (
     static_rules,
 )
 from kubeplex.backends.netfilter import iptables
+from kubeplex.backends.netfilter.rollback import Before
 from kubeplex.core.dataplane.backend import Rendered
 from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.graph import ChangeSet, ServiceGraph
@@ -46,7 +47,8 @@ BATCH_RULES = iptables.BATCH_RULES
 
 @dataclass
 class FamilyPlan:
-    """What one iptables-restore call for one family will write."""
+    """What one family's sync writes: the chains, and (rendered with an observation of the
+    kernel) the lines and settings that make them live on this node."""
 
     family: IPFamily
     full: bool
@@ -55,7 +57,8 @@ class FamilyPlan:
     #: Full plans only: every chain the ruleset needs after this sync, fixed and per-service.
     nat_wanted: Chains = field(default_factory=dict)
     filter_wanted: Chains = field(default_factory=dict)
-    #: nat service chains to delete (found by the renderer; the apply step may add more).
+    #: nat service chains to delete: those the renderer dropped, and (observed) the ones an
+    #: earlier run left that nothing needs.
     delete: set[str] = field(default_factory=set)
     #: Services that could not be rendered, with the reason (their old rules stay).
     errors: dict[str, str] = field(default_factory=dict)
@@ -63,6 +66,14 @@ class FamilyPlan:
     no_local_endpoints: dict[str, int] = field(default_factory=dict)
     #: The service chains of ``nat``, grouped by service: a group is written in one restore.
     groups: list[tuple[str, ...]] = field(default_factory=list)
+    #: Observed full plans: lines per table creating missing canary chains and jumps.
+    prelude: dict[str, list[str]] = field(default_factory=dict)
+    #: nat chains the kernel holds already (whether a batched write must create fixed chains).
+    existing: Collection[str] = frozenset()
+    #: Sysctls to set before writing, (key, value).
+    sysctls: tuple[tuple[str, str], ...] = ()
+    #: What the kernel held before, for the rollback of a half-applied write.
+    before: Before = field(default_factory=Before)
 
     def restore_input(self, prelude: Mapping[str, list[str]] | None = None) -> str:
         """The exact iptables-restore (--noflush) input; ``prelude`` adds lines per table."""
@@ -97,10 +108,16 @@ class FamilyPlan:
     def rule_count(self) -> int:
         return sum(map(len, self.filter.values())) + sum(map(len, self.nat.values()))
 
+    def inputs(self) -> list[str]:
+        """Every restore input the apply step sends for this plan, in order (none if empty)."""
+        if self.empty and not any(self.prelude.values()):
+            return []
+        return self.batches(self.prelude, self.existing)
+
     def batches(
         self,
         prelude: Mapping[str, list[str]] | None = None,
-        existing_nat: set[str] | frozenset[str] = frozenset(),
+        existing_nat: Collection[str] = frozenset(),
         limit: int | None = None,
     ) -> list[str]:
         """The restore inputs that apply this plan, in order.
@@ -148,13 +165,21 @@ class IptablesRendered(Rendered):
     def full(self) -> bool:
         return any(p.full for p in self.plans)
 
+    def kernel_inputs(self) -> Sequence[str]:
+        return [text for plan in self.plans for text in plan.inputs()]
+
     def __str__(self) -> str:
         out = []
         for plan in self.plans:
             tool = "ip6tables-restore" if plan.family is IPFamily.IPv6 else "iptables-restore"
             kind = "full" if plan.full else "partial"
-            out.append(f"# {tool} --noflush input ({plan.family.value}, {kind} sync)\n")
-            out.append(plan.restore_input())
+            inputs = plan.inputs() or [""]
+            for i, text in enumerate(inputs, 1):
+                n = f" {i} of {len(inputs)}" if len(inputs) > 1 else ""
+                out.append(f"# {tool} --noflush input{n} ({plan.family.value}, {kind} sync)\n")
+                if i == 1:
+                    out += [f"# sysctl {key}={value}\n" for key, value in plan.sysctls]
+                out.append(text)
         return "".join(out)
 
 
@@ -198,9 +223,14 @@ class FamilyRenderer:
         self.applied_filter = {}
         self.applied_nat = {}
 
-    def render(self, graph: ServiceGraph, changes: ChangeSet) -> FamilyPlan:
+    def next_is_full(self, graph: ServiceGraph, changes: ChangeSet) -> bool:
+        """Whether rendering ``graph`` now rewrites everything."""
         large = graph.total_endpoints() > LARGE_CLUSTER_ENDPOINTS
         # Comments change with the mode, so a switch rewrites every chain.
+        return changes.full or large != self.large_cluster or self.force_full
+
+    def render(self, graph: ServiceGraph, changes: ChangeSet) -> FamilyPlan:
+        large = graph.total_endpoints() > LARGE_CLUSTER_ENDPOINTS
         full = changes.full or large != self.large_cluster or self.force_full
         self.force_full = False
         plan = FamilyPlan(graph.family, full, large_cluster=large)

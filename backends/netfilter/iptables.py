@@ -1,18 +1,22 @@
 """The iptables-save / iptables-restore seam every netfilter backend shares.
 
-``IptablesKernel`` is one IP family's iptables: ``save`` (parsed into a ``SavedRuleset``),
-``restore --noflush``, and the few node reads and writes the rules depend on (interface
-addresses, sysctls, nfacct counters). The iptables mode programs everything through it, and the
-IPVS mode its fixed chains; tests and plugin authors pass ``kubeplex.testing.fakes`` instead.
+``IptablesSeam`` is a node's iptables, both IP families, at the text level: ``save`` (the
+tool's output; ``SavedRuleset.parse`` reads it), ``restore --noflush``, and the few node reads
+and writes the rules depend on (interface addresses, sysctls, nfacct counters). ``Iptables``
+is the real one; the iptables mode programs everything through a seam, and the IPVS mode its
+fixed chains; tests and plugin authors pass ``kubeplex.testing.fakes.FakeIptables`` instead.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
 
 from kubeplex.core.dataplane import execer
+from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.types import IPFamily, normalize_ip
 
 #: Rules per iptables-restore input before a large write is split (iptables-nft-restore slows
@@ -21,14 +25,56 @@ BATCH_RULES = 4000
 
 _TABLE = re.compile(r"^\*(\S+)")
 _CHAIN = re.compile(r"^:(\S+) ")
+#: A rule of ``iptables-save -c``: ``[pkts:bytes] -A CHAIN ...``.
+_COUNTED = re.compile(r"^\[(\d+):(\d+)\] (-A .*)$")
+_NFACCT_PKTS = re.compile(r"pkts\s*=\s*(\d+)")
+
+
+class IptablesSeam(Protocol):
+    """A node's iptables (both families) as text, the way the tools read and print it."""
+
+    #: The methods through which a sync writes.
+    writes: ClassVar[tuple[str, ...]]
+
+    def save(self, family: IPFamily, table: str | None = None, counters: bool = False) -> str:
+        """``iptables-save`` (``-t table``) (``-c``) output of ``family``."""
+        ...
+
+    def restore(self, family: IPFamily, text: str) -> None:
+        """``iptables-restore --noflush``; BackendError (with the tool's stderr) if refused.
+        Each ``*table ... COMMIT`` block commits on its own, in order."""
+        ...
+
+    def restore_command(self, family: IPFamily) -> str:
+        """The restore tool's name, for messages."""
+        ...
+
+    def interface_addresses(self) -> tuple[str, ...]:
+        """Every address on the node's interfaces (where NodePorts can be reached)."""
+        ...
+
+    def sysctl(self, key: str, value: str) -> None:
+        """Set a sysctl if it differs."""
+        ...
+
+    def ensure_nfacct(self, counters: tuple[str, ...]) -> frozenset[str]:
+        """Create missing nfacct counters; those that exist afterwards."""
+        ...
+
+    def read_nfacct(self, name: str) -> int | None:
+        """Packets of nfacct counter ``name``; None if it cannot be read."""
+        ...
 
 
 @dataclass
 class SavedRuleset:
-    """What iptables-save shows: chains per table, and the rule lines."""
+    """What iptables-save shows: chains per table, and the rule lines (``-A ...``, without
+    counters). With ``-c`` output, ``counters`` holds each rule's (packets, bytes), in the
+    order of ``rules``."""
 
     chains: dict[str, set[str]] = field(default_factory=dict)
     rules: dict[str, list[str]] = field(default_factory=dict)
+    counters: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, text: str) -> SavedRuleset:
@@ -43,6 +89,9 @@ class SavedRuleset:
                 saved.chains[table].add(m.group(1))
             elif line.startswith("-A "):
                 saved.rules[table].append(line)
+            elif m := _COUNTED.match(line):
+                saved.rules[table].append(m.group(3))
+                saved.counters.setdefault(table, []).append((int(m.group(1)), int(m.group(2))))
         return saved
 
     def by_chain(self) -> dict[str, dict[str, list[str]]]:
@@ -55,6 +104,14 @@ class SavedRuleset:
             out[table] = rules
         return out
 
+    def counted(self, table: str) -> list[tuple[str, tuple[int, int] | None]]:
+        """The rules of ``table`` with their (packets, bytes), None without ``-c``."""
+        rules = self.rules.get(table, [])
+        counts = self.counters.get(table, [])
+        if len(counts) != len(rules):
+            return [(r, None) for r in rules]
+        return list(zip(rules, counts, strict=True))
+
     def has_jump(self, table: str, chain: str, comment: str, target: str) -> bool:
         head = f"-A {chain} "
         if not comment:
@@ -65,28 +122,32 @@ class SavedRuleset:
         )
 
 
-class IptablesKernel:
-    def __init__(self, family: IPFamily, netns: str | None, restore_wait: int = 5) -> None:
-        self.family = family
+def tool(family: IPFamily) -> str:
+    """``iptables`` or ``ip6tables``."""
+    return "ip6tables" if family is IPFamily.IPv6 else "iptables"
+
+
+class Iptables:
+    """The node's real iptables, in network namespace ``netns`` (None: the host's)."""
+
+    writes: ClassVar[tuple[str, ...]] = ("restore",)
+
+    def __init__(self, netns: str | None = None, restore_wait: int = 5) -> None:
         self.netns = netns
-        prefix = "ip6tables" if family is IPFamily.IPv6 else "iptables"
-        self.save_cmd = f"{prefix}-save"
-        self.restore_cmd = f"{prefix}-restore"
         self.restore_wait = restore_wait
 
-    def save(self, table: str | None = None) -> SavedRuleset:
-        argv = [self.save_cmd] + (["-t", table] if table else [])
-        return SavedRuleset.parse(execer.run(argv, self.netns).stdout)
+    def save(self, family: IPFamily, table: str | None = None, counters: bool = False) -> str:
+        argv = [f"{tool(family)}-save", *(["-t", table] if table else [])]
+        return execer.run(argv + (["-c"] if counters else []), self.netns).stdout
 
-    def restore(self, text: str) -> None:
-        execer.run(
-            [self.restore_cmd, "--noflush", "--wait", str(self.restore_wait)],
-            self.netns,
-            input=text,
-        )
+    def restore(self, family: IPFamily, text: str) -> None:
+        argv = [self.restore_command(family), "--noflush", "--wait", str(self.restore_wait)]
+        execer.run(argv, self.netns, input=text)
+
+    def restore_command(self, family: IPFamily) -> str:
+        return f"{tool(family)}-restore"
 
     def interface_addresses(self) -> tuple[str, ...]:
-        """Every address on the node's interfaces (where NodePorts can be reached)."""
         out = execer.run(["ip", "-j", "address", "show"], self.netns).stdout
         return tuple(
             normalize_ip(a["local"])
@@ -96,17 +157,18 @@ class IptablesKernel:
         )
 
     def sysctl(self, key: str, value: str) -> None:
-        """Set a sysctl only if it differs: /proc/sys may be read-only to an unprivileged proxy
-        whose init container already set it."""
+        """Only if it differs: /proc/sys may be read-only to an unprivileged proxy whose init
+        container already set it."""
         current = execer.run(["sysctl", "-n", key], self.netns, check=False).stdout.strip()
         if current != value:
             execer.run(["sysctl", "-q", "-w", f"{key}={value}"], self.netns)
 
     def ensure_nfacct(self, counters: tuple[str, ...]) -> frozenset[str]:
-        """Create missing nfacct counters; returns those that exist (none where nfacct is
-        unsupported). As upstream's Ensure: look first, add only what is missing. `nfacct add`
-        of an existing counter fails with EBUSY, which must not read as "unsupported" (a
-        restart would drop the rules' nfacct matches)."""
+        """As upstream's Ensure: look first, add only what is missing. `nfacct add` of an
+        existing counter fails with EBUSY, which must not read as "unsupported" (a restart
+        would drop the rules' nfacct matches). None where the tool is missing."""
+        if not shutil.which("nfacct"):
+            return frozenset()
         have = set()
         for name in counters:
             if not self._nfacct_exists(name):
@@ -115,6 +177,14 @@ class IptablesKernel:
                     continue
             have.add(name)
         return frozenset(have)
+
+    def read_nfacct(self, name: str) -> int | None:
+        try:
+            proc = execer.run(["nfacct", "get", name], self.netns, check=False, timeout=5.0)
+        except BackendError:
+            return None
+        m = _NFACCT_PKTS.search(proc.stdout) if proc.returncode == 0 else None
+        return int(m.group(1)) if m else None
 
     def _nfacct_exists(self, name: str) -> bool:
         return execer.run(["nfacct", "get", name], self.netns, check=False).returncode == 0

@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kubeplex.backends.netfilter import iptables
-from kubeplex.backends.netfilter.iptables import IptablesKernel, SavedRuleset
+from kubeplex.backends.netfilter.iptables import IptablesSeam, SavedRuleset
 from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.types import IPFamily
 
 Tables = Mapping[str, Mapping[str, Sequence[str]]]
 
@@ -132,30 +133,38 @@ def _inserted_jumps(
     return out
 
 
-def restore_all(kernel: IptablesKernel, inputs: Sequence[str], before: Before) -> None:
-    """Write ``inputs`` in order, all or nothing.
+def restore_all(
+    kernel: IptablesSeam, family: IPFamily, inputs: Sequence[str], before: Before
+) -> None:
+    """Write ``inputs`` to ``family``'s tables in order, all or nothing.
 
     Raises BackendError saying what the kernel holds: the previous rules (nothing had
     committed, or the rollback put them back), or which chains may hold the new ones.
     """
     for index, text in enumerate(inputs):
         try:
-            kernel.restore(text)
+            kernel.restore(family, text)
         except BackendError as err:
-            raise _undo(kernel, inputs, index, before, err) from err
+            raise _undo(kernel, family, inputs, index, before, err) from err
 
 
 def _undo(
-    kernel: IptablesKernel, inputs: Sequence[str], failed: int, before: Before, err: BackendError
+    kernel: IptablesSeam,
+    family: IPFamily,
+    inputs: Sequence[str],
+    failed: int,
+    before: Before,
+    err: BackendError,
 ) -> BackendError:
     where = f" (input {failed + 1} of {len(inputs)})" if len(inputs) > 1 else ""
-    what = f"{kernel.restore_cmd}{where}: {err}"
+    what = f"{kernel.restore_command(family)}{where}: {err}"
     if not may_have_committed(inputs, failed):
         return BackendError(f"{what}; nothing was written, the previous rules are in place")
     attempted = inputs[: failed + 1]
     try:
-        for undo in rollback_inputs(before, attempted, kernel.save()):
-            kernel.restore(undo)
+        now = SavedRuleset.parse(kernel.save(family))
+        for undo in rollback_inputs(before, attempted, now):
+            kernel.restore(family, undo)
     except BackendError as rb_err:
         chains = [c for chains in declared(attempted).values() for c in chains]
         shown = ", ".join(chains[:SHOWN_CHAINS])

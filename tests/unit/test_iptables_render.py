@@ -101,7 +101,7 @@ class Harness(RenderHarness[IptablesBackend, IptablesRendered]):
     def commit(self, rendered: IptablesRendered) -> None:
         """What apply() does after a successful iptables-restore, minus the kernel."""
         for plan in rendered.plans:
-            self.backend._renderers[plan.family].commit(plan)
+            self.backend.renderers[plan.family].commit(plan)
 
     def reconfigure(self, fields: Mapping[str, Any]) -> None:
         self.cfg = config(fields)
