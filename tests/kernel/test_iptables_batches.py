@@ -14,11 +14,12 @@ from cli_kit import in_netns
 from kubeplex.backends.iptables import IptablesBackend, render
 from kubeplex.backends.iptables.render import IptablesRendered
 from kubeplex.backends.netfilter import iptables
-from kubeplex.backends.netfilter.iptables import IptablesKernel
+from kubeplex.backends.netfilter.iptables import Iptables
 from kubeplex.core.config.kubeproxy import parse_config
 from kubeplex.core.dataplane.backend import BackendContext
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.graph import ProxyState
 from kubeplex.core.model.types import IPFamily
 from kubeplex.testing.dataplane import endpoint, endpoint_slice, service
 
@@ -76,11 +77,42 @@ def saved(ns: str) -> list[str]:
     return sorted(line for line in out.splitlines() if line and not line.startswith("#"))
 
 
-def backend(netns: str) -> tuple[IptablesBackend, ClusterState]:
-    state = ClusterState(NODE, families=(IPFamily.IPv4,))
-    be = IptablesBackend(BackendContext(CONFIG, NODE, families=(IPFamily.IPv4,), netns=netns))
+class Refusing(Iptables):
+    """The real iptables, except that once armed, the ``number``-th restore input of
+    ``family`` gets a rule that jumps to no chain in its last table: the kernel refuses that
+    table. ``sent`` holds that family's inputs as they were sent."""
+
+    def __init__(self, netns: str) -> None:
+        super().__init__(netns)
+        self.armed: tuple[int, IPFamily] | None = None
+        self.sent: list[str] = []
+
+    def arm(self, number: int, family: IPFamily = IPFamily.IPv4) -> list[str]:
+        self.armed, self.sent = (number, family), []
+        return self.sent
+
+    def restore(self, family: IPFamily, text: str) -> None:
+        if self.armed is not None and family is self.armed[1]:
+            self.sent.append(text)
+            if len(self.sent) == self.armed[0]:
+                head, commit, tail = text.rpartition("COMMIT\n")
+                text = f"{head}-A KUBE-MARK-MASQ -j KUBEPLEX-NO-SUCH-CHAIN\n{commit}{tail}"
+        super().restore(family, text)
+
+
+def backend(
+    netns: str, families: tuple[IPFamily, ...] = (IPFamily.IPv4,)
+) -> tuple[IptablesBackend, ClusterState, Refusing]:
+    state = ClusterState(NODE, families=families)
+    kernel = Refusing(netns)
+    be = IptablesBackend(BackendContext(CONFIG, NODE, families=families, kernel=kernel))
     be.prepare()
-    return be, state
+    return be, state, kernel
+
+
+def observed_render(be: IptablesBackend, state: ProxyState) -> IptablesRendered:
+    """What sync() applies: the render of what observe() found."""
+    return be.render(state, be.observe(state))
 
 
 @pytest.mark.kernel
@@ -88,19 +120,17 @@ def test_batched_full_and_partial_syncs_equal_one_restore(
     netns: str, netns2: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     batched_ns, single_ns = netns, netns2
-    batched, state = backend(batched_ns)
+    batched, state, _ = backend(batched_ns)
     load(state, objects(300))
-    rendered = batched.render(state.checkout(full=True))
-    assert isinstance(rendered, IptablesRendered)
+    rendered = observed_render(batched, state.checkout(full=True))
     plan = rendered.plans[0]
     assert plan.rule_count > 9000
-    assert len(plan.batches()) >= 4  # really split: service batches, then the fixed chains
+    assert len(plan.inputs()) >= 4  # really split: service batches, then the fixed chains
     batched.apply(rendered)
 
-    single, single_state = backend(single_ns)
+    single, single_state, _ = backend(single_ns)
     load(single_state, objects(300))
     one = single.render(single_state.checkout(full=True))
-    assert isinstance(one, IptablesRendered)
     for p in one.plans:
         # One input with everything, as upstream writes it.
         subprocess.run(
@@ -114,10 +144,10 @@ def test_batched_full_and_partial_syncs_equal_one_restore(
 
     # A partial sync that moves every endpoint of one Service, batched with a tiny limit.
     load(state, objects(300, moved=7))
-    partial = batched.render(state.checkout())
-    assert isinstance(partial, IptablesRendered) and not partial.full
+    partial = observed_render(batched, state.checkout())
+    assert not partial.full
     monkeypatch.setattr(render, "BATCH_RULES", 5)
-    assert len(partial.plans[0].batches()) >= 2
+    assert len(partial.plans[0].inputs()) >= 2
     batched.apply(partial)
     after = saved(batched_ns)
     assert any("10.128.7.100:8080" in ln for ln in after)
@@ -142,42 +172,24 @@ def exact(ns: str, tool: str = "iptables-save") -> list[str]:
     return [re.sub(r" \[\d+:\d+\]", "", ln) for ln in out.splitlines() if not ln.startswith("#")]
 
 
-def refuse_input(monkeypatch: pytest.MonkeyPatch, number: int, cmd: str) -> list[str]:
-    """The ``number``-th restore input of ``cmd`` gets a rule that jumps to no chain in its
-    last table: the kernel refuses that table. Returns the inputs as they were sent."""
-    real = IptablesKernel.restore
-    sent: list[str] = []
-
-    def restore(self: IptablesKernel, text: str) -> None:
-        if self.restore_cmd == cmd:
-            sent.append(text)
-            if len(sent) == number:
-                head, commit, tail = text.rpartition("COMMIT\n")
-                text = f"{head}-A KUBE-MARK-MASQ -j KUBEPLEX-NO-SUCH-CHAIN\n{commit}{tail}"
-        real(self, text)
-
-    monkeypatch.setattr(IptablesKernel, "restore", restore)
-    return sent
-
-
 @pytest.mark.kernel
 @pytest.mark.parametrize("full", [True, False], ids=["full", "partial"])
 def test_a_refused_batch_leaves_exactly_the_previous_rules(
     netns: str, monkeypatch: pytest.MonkeyPatch, full: bool
 ) -> None:
-    be, state = backend(netns)
+    be, state, kernel = backend(netns)
     load(state, objects(300))
-    be.apply(be.render(state.checkout(full=True)))
+    be.sync(state.checkout(full=True))
     before = exact(netns)
 
     load(state, renumbered(objects(300)))
-    rendered = be.render(state.checkout(full=full))
-    assert isinstance(rendered, IptablesRendered) and rendered.full is full
+    rendered = observed_render(be, state.checkout(full=full))
+    assert rendered.full is full
     plan = rendered.plans[0]
     monkeypatch.setattr(render, "BATCH_RULES", plan.rule_count // 4 + 1)
     monkeypatch.setattr(iptables, "BATCH_RULES", plan.rule_count // 4 + 1)  # the rollback's
-    assert len(plan.batches(existing_nat=set(be._renderers[IPFamily.IPv4].applied_nat))) == 5
-    sent = refuse_input(monkeypatch, 3, "iptables-restore")
+    assert len(plan.inputs()) == 5
+    sent = kernel.arm(3)
     with pytest.raises(BackendError) as refused:
         be.apply(rendered)
     assert exact(netns) == before
@@ -190,20 +202,18 @@ def test_a_refused_batch_leaves_exactly_the_previous_rules(
 
     # The next (full) sync writes the change.
     monkeypatch.undo()
-    be.invalidate()
-    be.apply(be.render(state.checkout(full=True)))
+    kernel.armed = None
+    be.sync(state.checkout())  # a full one: the failure invalidated the renderer
     assert any("--dport 81 " in ln for ln in exact(netns))
     assert not any("--dport 80 " in ln for ln in exact(netns))
 
 
 @pytest.mark.kernel
-def test_a_refused_nat_table_rolls_back_the_filter_table(
-    netns: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_refused_nat_table_rolls_back_the_filter_table(netns: str) -> None:
     """iptables-restore commits table by table: a refused *nat leaves *filter written."""
-    be, state = backend(netns)
+    be, state, kernel = backend(netns)
     load(state, objects(3))
-    be.apply(be.render(state.checkout(full=True)))
+    be.sync(state.checkout(full=True))
     before = exact(netns)
 
     # A Service without endpoints (a filter REJECT rule) and one with new endpoints (nat).
@@ -215,11 +225,11 @@ def test_a_refused_nat_table_rolls_back_the_filter_table(
         }
     )
     load(state, objects(3, moved=1))
-    rendered = be.render(state.checkout())
-    assert isinstance(rendered, IptablesRendered) and not rendered.full
+    rendered = observed_render(be, state.checkout())
+    assert not rendered.full
     plan = rendered.plans[0]
-    assert plan.filter and plan.nat and len(plan.batches()) == 1
-    refuse_input(monkeypatch, 1, "iptables-restore")
+    assert plan.filter and plan.nat and len(plan.inputs()) == 1
+    kernel.arm(1)
     with pytest.raises(BackendError) as refused:
         be.apply(rendered)
     assert exact(netns) == before
@@ -227,32 +237,28 @@ def test_a_refused_nat_table_rolls_back_the_filter_table(
 
 
 @pytest.mark.kernel
-def test_a_refused_first_table_is_reported_as_nothing_written(
-    netns: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    be, state = backend(netns)
+def test_a_refused_first_table_is_reported_as_nothing_written(netns: str) -> None:
+    be, state, kernel = backend(netns)
     load(state, objects(3))
-    be.apply(be.render(state.checkout(full=True)))
+    be.sync(state.checkout(full=True))
     before = exact(netns)
     load(state, objects(3, moved=1))  # nat only
-    rendered = be.render(state.checkout())
-    assert isinstance(rendered, IptablesRendered) and not rendered.plans[0].filter
-    refuse_input(monkeypatch, 1, "iptables-restore")
+    rendered = observed_render(be, state.checkout())
+    assert not rendered.plans[0].filter
+    kernel.arm(1)
     with pytest.raises(BackendError, match="nothing was written, the previous rules are in"):
         be.apply(rendered)
     assert exact(netns) == before
 
 
 @pytest.mark.kernel
-def test_a_first_sync_refused_midway_leaves_no_chain_behind(
-    netns: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_first_sync_refused_midway_leaves_no_chain_behind(netns: str) -> None:
     """Rolled back to nothing: the chains and the jumps the sync created are gone (the
     empty tables iptables-nft made stay: iptables-restore cannot delete a table)."""
-    be, state = backend(netns)
+    be, state, kernel = backend(netns)
     load(state, objects(300))
-    rendered = be.render(state.checkout(full=True))
-    refuse_input(monkeypatch, 3, "iptables-restore")
+    rendered = observed_render(be, state.checkout(full=True))
+    kernel.arm(3)
     with pytest.raises(BackendError) as refused:
         be.apply(rendered)
     assert [ln for ln in exact(netns) if "KUBE-" in ln or ln.startswith("-A")] == []
@@ -260,13 +266,8 @@ def test_a_first_sync_refused_midway_leaves_no_chain_behind(
 
 
 @pytest.mark.kernel
-def test_one_familys_failure_leaves_the_other_family_synced(
-    netns: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    families = (IPFamily.IPv4, IPFamily.IPv6)
-    be = IptablesBackend(BackendContext(CONFIG, NODE, families=families, netns=netns))
-    be.prepare()
-    state = ClusterState(NODE, families=families)
+def test_one_familys_failure_leaves_the_other_family_synced(netns: str) -> None:
+    be, state, kernel = backend(netns, (IPFamily.IPv4, IPFamily.IPv6))
 
     def dual(port: int) -> list[dict[str, Any]]:
         svc = service("web", "10.96.0.10", port, secondary_cluster_ip="fd00:96::10")
@@ -277,14 +278,13 @@ def test_one_familys_failure_leaves_the_other_family_synced(
         return [svc, v4, v6]
 
     load(state, dual(80))
-    be.apply(be.render(state.checkout(full=True)))
+    be.sync(state.checkout(full=True))
     v6_before = exact(netns, "ip6tables-save")
 
     load(state, dual(81))
-    rendered = be.render(state.checkout())
-    refuse_input(monkeypatch, 1, "ip6tables-restore")
+    kernel.arm(1, IPFamily.IPv6)
     with pytest.raises(BackendError) as refused:
-        be.apply(rendered)
+        be.sync(state.checkout())
     assert any("10.96.0.10/32" in ln and "--dport 81 " in ln for ln in exact(netns))
     assert exact(netns, "ip6tables-save") == v6_before
     assert refused.value.families == (IPFamily.IPv6,)

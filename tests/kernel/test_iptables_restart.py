@@ -11,7 +11,7 @@ import pytest
 from cli_kit import in_netns
 
 from kubeplex.backends.iptables import NFACCT_COUNTERS, IptablesBackend
-from kubeplex.backends.netfilter.iptables import IptablesKernel
+from kubeplex.backends.netfilter.iptables import Iptables
 from kubeplex.core.dataplane.backend import BackendContext
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.types import IPFamily
@@ -83,7 +83,7 @@ def test_a_restart_after_changes_equals_a_fresh_start(netns: str, netns2: str) -
 
 @pytest.mark.kernel
 def test_ensure_nfacct_finds_existing_counters(netns: str) -> None:
-    kernel = IptablesKernel(IPFamily.IPv4, netns)
+    kernel = Iptables(netns)
     assert kernel.ensure_nfacct(NFACCT_COUNTERS) == frozenset(NFACCT_COUNTERS)
     # The second time `nfacct add` answers EBUSY: the counters exist all the same.
     assert kernel.ensure_nfacct(NFACCT_COUNTERS) == frozenset(NFACCT_COUNTERS)
