@@ -7,22 +7,50 @@ exception is a big first sync into a namespace without the tables: it goes in st
 services' chains first and the elements that make them reachable last (FamilyPlan.stages).
 Differences from the iptables mode are upstream's: no NodePorts on localhost, connections to
 unused ports of a ClusterIP are rejected, and no nfacct/route_localnet setup is needed.
+
+The kernel is an ``NftSeam`` (kernel.py; ``NftKernel`` on a node). ``observe`` lists the
+tables' object names on a full sync; ``render`` turns that listing into the plan's leftover
+deletions and repairs, decides whether a first load goes in stages, and puts the chains
+earlier syncs could not delete in a transaction of their own, first; ``apply`` sends
+``kernel_inputs()``. One exception, for kernels before 6.2: when the kernel refuses a sync's
+chain deletions with "Device or resource busy", apply sends the plan's own deferred form
+(``kernel_input(defer_chain_deletes=True)``: the chains left flushed, deleted by a later sync).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from kubeplex.backends.nftables import names
-from kubeplex.backends.nftables.kernel import NftKernel, TableObjects
+from kubeplex.backends.nftables import inspection, names
+from kubeplex.backends.nftables.kernel import NftKernel, NftSeam
+from kubeplex.backends.nftables.listing import (
+    TableObjects,
+    kube_proxy_tables,
+    listing_commands,
+    parse_listing,
+)
 from kubeplex.backends.nftables.render import FamilyPlan, FamilyRenderer, NftablesRendered
 from kubeplex.backends.nftables.rules import FamilySettings, go_hex_mark
 from kubeplex.core.config.localdetect import local_detector
-from kubeplex.core.dataplane.backend import Backend, BackendContext, PerFamily, Rendered, SyncResult
+from kubeplex.core.dataplane.backend import (
+    BackendContext,
+    CleanupReport,
+    FamilyBackend,
+    MetricEvent,
+    MetricFamily,
+    NoLocalEndpoints,
+    ProgrammedService,
+    Rendered,
+    Sample,
+    SyncResult,
+)
 from kubeplex.core.model.errors import BackendError
-from kubeplex.core.model.graph import ProxyState
+from kubeplex.core.model.graph import ChangeSet, ProxyState, ServiceGraph
 from kubeplex.core.model.types import IPFamily, NodeInfo, ServicePortName, family_of
 
 log = logging.getLogger(__name__)
@@ -41,6 +69,19 @@ STAGE_LINES = 10_000
 #: How often one sync re-renders without the services the kernel refused, before it gives up
 #: (and fails as a whole, as without isolation).
 ISOLATION_ATTEMPTS = 3
+
+#: Upstream's nftables metrics (pkg/proxy/metrics), as the daemon registers them.
+SYNC_FAILURES = "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
+CLEANUP_FAILURES = "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total"
+METRIC_FAMILIES = (
+    MetricFamily(
+        SYNC_FAILURES,
+        "Cumulative proxy nftables sync failures",
+        "counter",
+        on=MetricEvent.SYNC_FAILED,
+    ),
+    MetricFamily(CLEANUP_FAILURES, "Cumulative proxy nftables cleanup failures", "counter"),
+)
 
 
 def node_port_ips(
@@ -73,7 +114,30 @@ def node_port_ips(
     )
 
 
-class NftablesBackend(Backend):
+def _ip(family: IPFamily) -> str:
+    """nft's family keyword of the table ("ip", "ip6")."""
+    return "ip6" if family is IPFamily.IPv6 else "ip"
+
+
+@dataclass(frozen=True)
+class NftObserved:
+    """What a sync's render needs of the kernel (``NftablesBackend.observe``)."""
+
+    #: The families ("ip", "ip6") whose tables were listed: those rendered in full.
+    listed: tuple[str, ...] = ()
+    #: The listing by family (a family missing: no table); None: the listing failed.
+    tables: Mapping[str, TableObjects] | None = field(default_factory=dict)
+    #: Chains awaiting deletion from earlier syncs, by table ("ip kube-proxy"), when
+    #: observed: the listing may still show them, but they are not leftovers of this sync.
+    pending: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    #: Services the kernel refused earlier in this sync, per family, with the reason (see
+    #: ``sync``): kept as the kernel holds them.
+    left_out: Mapping[IPFamily, Mapping[ServicePortName, str]] = field(default_factory=dict)
+
+
+class NftablesBackend(FamilyBackend[FamilyRenderer]):
+    """The kernel seam (``BackendContext.kernel``) is an ``NftSeam``."""
+
     mode = "nftables"
     capabilities = frozenset(
         {
@@ -85,18 +149,57 @@ class NftablesBackend(Backend):
         }
     )
     required_tools = ("nft",)
+    kernel: NftSeam
 
     def __init__(self, ctx: BackendContext) -> None:
         super().__init__(ctx)
-        self._renderers = PerFamily(FamilyRenderer)
-        self._kernel = NftKernel(ctx.netns)
         #: Cleanup failures (stale chains not deleted, table listings that failed) per family,
-        #: not yet reported: the next successful sync's counts carry them to the metric.
+        #: not yet reported: the next successful sync's samples carry them to the metric.
         self._cleanup_failures: dict[IPFamily, int] = {}
+
+    def real_kernel(self) -> NftKernel:
+        return NftKernel(self.ctx.netns)
+
+    def sync_periods(self) -> tuple[float, float]:
+        cfg = self.ctx.config.nftables
+        return cfg.sync_period, cfg.min_sync_period
+
+    def metric_families(self) -> Sequence[MetricFamily]:
+        return METRIC_FAMILIES
 
     def _cleanup_failed(self, families: Iterable[IPFamily]) -> None:
         for family in families:
             self._cleanup_failures[family] = self._cleanup_failures.get(family, 0) + 1
+
+    # --- observe ----------------------------------------------------------------------------
+
+    def _renders_full(self, family: IPFamily, state: ProxyState) -> bool:
+        """Whether the next render of ``family`` is a full one (as ``render`` decides)."""
+        if state.changes[family].full or family not in self.renderers:
+            return True
+        renderer = self.renderers[family]
+        return renderer.force_full or renderer.settings != self.family_settings(family, state, None)
+
+    def observe(self, state: ProxyState) -> NftObserved:
+        """On a full sync, the names of the tables' chains, sets and maps: leftovers of
+        earlier runs to remove, and what went missing. A failed listing is observed too (no
+        leftovers removed, a cleanup failure counted)."""
+        pending = {
+            r.settings.table: frozenset(r.pending_chain_deletes)
+            for r in self.renderers
+            if r.pending_chain_deletes
+        }
+        full = tuple(
+            _ip(f) for f in self.ctx.families if f in state.graphs and self._renders_full(f, state)
+        )
+        if not full:
+            return NftObserved(pending=pending)
+        try:
+            text = self.kernel.list(listing_commands(full), terse=True)
+        except BackendError as err:
+            log.error("listing nftables objects failed, leftovers stay: %s", err)
+            return NftObserved(listed=full, tables=None, pending=pending)
+        return NftObserved(listed=full, tables=parse_listing(text), pending=pending)
 
     # --- render -----------------------------------------------------------------------------
 
@@ -117,40 +220,81 @@ class NftablesBackend(Backend):
             service_cidrs=tuple(c for c in service_cidrs if family_of(c) is family),
         )
 
-    def render(
-        self,
-        state: ProxyState,
-        left_out: Mapping[IPFamily, Mapping[ServicePortName, str]] | None = None,
-    ) -> NftablesRendered:
-        """``left_out``: per family, services to keep as the kernel holds them (see sync)."""
-        plans = []
-        for family in self.ctx.families:
-            graph = state.graphs.get(family)
-            if graph is not None:
-                settings = self.settings(family, state.node, state.service_cidrs)
-                renderer = self._renderers.with_settings(family, settings)
-                skip = (left_out or {}).get(family)
-                plans.append(renderer.render(graph, state.changes[family], skip))
+    def make_renderer(self, settings: Any) -> FamilyRenderer:
+        return FamilyRenderer(settings)
+
+    def family_settings(self, family: IPFamily, state: ProxyState, observed: Any) -> Any:
+        return self.settings(family, state.node, state.service_cidrs)
+
+    def render_family(
+        self, renderer: FamilyRenderer, graph: ServiceGraph, changes: ChangeSet, observed: Any
+    ) -> FamilyPlan:
+        skip = observed.left_out.get(renderer.settings.family) if observed is not None else None
+        return renderer.render(graph, changes, skip)
+
+    def combine(self, plans: list[Any]) -> NftablesRendered:
         return NftablesRendered(plans)
 
+    def render(self, state: ProxyState, observed: Any = None) -> NftablesRendered:
+        """Without an observation: the families' transaction only (one per sync). With one
+        (``observe``): also the leftovers to remove and the chains to repair, the pending
+        chain deletions of earlier syncs (a first transaction), and the stages of a big first
+        load into tables that did not exist."""
+        rendered = super().render(state, observed)
+        assert isinstance(rendered, NftablesRendered)
+        if isinstance(observed, NftObserved):
+            self._with_kernel(rendered, observed)
+        return rendered
+
+    def _with_kernel(self, rendered: NftablesRendered, observed: NftObserved) -> None:
+        plans = rendered.plans
+        rendered.pending_deletes = "".join(
+            f"delete chain {r.settings.table} {chain}\n"
+            for r in self.renderers
+            for chain in sorted(r.pending_chain_deletes)
+        )
+        listed = [p for p in plans if p.full and p.settings.ip in observed.listed]
+        if not listed:
+            return
+        if observed.tables is None:
+            rendered.listing_failed = tuple(p.settings.family for p in listed)
+            return
+        for plan in listed:
+            objs = observed.tables.get(plan.settings.ip, TableObjects())
+            # Chains the pending transaction deletes first are not this sync's to touch.
+            gone = (
+                observed.pending.get(plan.table, frozenset())
+                | self.renderers[plan.settings.family].pending_chain_deletes
+            )
+            plan.found_in_kernel(objs.chains - gone, objs.sets, objs.maps)
+        fresh = len(listed) == len(plans) and not any(
+            p.settings.ip in observed.tables for p in listed
+        )
+        if fresh and all(not p.trusted for p in plans):
+            lines = rendered.kernel_input().count("\n")
+            if lines > max(STAGE_MIN_LINES, STAGE_LINES):
+                rendered.stages = _stages(plans)
+
     def sync(self, state: ProxyState) -> SyncResult:
-        """Render and apply; if the kernel (or the encoder) refuses commands of some services,
-        render again without them (kept as the kernel holds them) and apply that: one broken
-        Service costs only itself. A refusal that names no service fails the sync as before."""
+        """Observe once, render and apply; if the kernel (or the encoder) refuses commands of
+        some services, render again without them (kept as the kernel holds them) and apply
+        that: one broken Service costs only itself. A refusal that names no service fails
+        the sync as before."""
+        observed = self.observe(state)
         left_out: dict[IPFamily, dict[ServicePortName, str]] = {}
         for attempt in range(ISOLATION_ATTEMPTS + 1):
-            rendered = self.render(state, left_out)
+            rendered = self.render(state, dataclasses.replace(observed, left_out=left_out))
             try:
-                return self._apply(rendered)
+                return self._apply(rendered, count_listing=attempt == 0)
             except BackendError as err:
                 culprits = {
-                    plan.settings.family: self._renderers[plan.settings.family].owners_of(
+                    plan.settings.family: self.renderers[plan.settings.family].owners_of(
                         plan, str(err)
                     )
                     for plan in rendered.plans
                 }
                 for plan in rendered.plans:
-                    self._renderers[plan.settings.family].rollback(plan)
+                    self.renderers[plan.settings.family].rollback(plan)
                 found = any(culprits.values())
                 if not found or attempt == ISOLATION_ATTEMPTS:
                     self.invalidate()
@@ -167,50 +311,18 @@ class NftablesBackend(Backend):
 
     # --- apply ------------------------------------------------------------------------------
 
-    def _find_leftovers(self, plans: list[FamilyPlan]) -> bool:
-        """On a full sync: what the table holds that nothing wants (earlier runs, versions),
-        and what it lacks. True if no plan's table exists yet (a first sync from scratch)."""
-        full = [p for p in plans if p.full]
-        if not full:
-            return False
-        found = self._kernel.list_objects(p.settings.ip for p in full)
-        if found is None:
-            # Listing failed (logged): no leftovers removed, nothing repaired.
-            self._cleanup_failed(p.settings.family for p in full)
-            return False
-        for plan in full:
-            objs = found.get(plan.settings.ip, TableObjects())
-            plan.found_in_kernel(objs.chains, objs.sets, objs.maps)
-        return len(full) == len(plans) and not any(p.settings.ip in found for p in full)
-
-    def _apply_staged(self, plans: list[FamilyPlan]) -> int:
-        """A first sync into empty tables, in stages (FamilyPlan.stages); returns how many
-        transactions it took. A failure leaves inert objects that the next (full) sync, which
-        finds the tables, rewrites or removes in one transaction."""
-        texts = [stage for plan in plans for stage in plan.stages(STAGE_LINES)]
-        texts.append("".join(plan.last_stage() for plan in plans))
-        texts = [t for t in texts if t]
-        self._kernel.run_stages(texts)
-        return len(texts)
-
-    def _delete_pending(self) -> None:
-        """Chains a kernel before 6.2 refused to delete in their sync: delete them now."""
-        lines = [
-            f"delete chain {r.settings.table} {chain}\n"
-            for r in self._renderers
-            for chain in sorted(r.pending_chain_deletes)
-        ]
-        if not lines:
-            return
+    def _delete_pending(self, text: str) -> None:
+        """Chains a kernel before 6.2 refused to delete in their sync: delete them now (a
+        failure is a cleanup failure, not a failed sync)."""
         try:
-            self._kernel.run("".join(lines))
+            self.kernel.run(text)
         except BackendError as err:
             log.warning("stale nftables chains not deleted yet, will retry: %s", err)
             self._cleanup_failed(
-                r.settings.family for r in self._renderers if r.pending_chain_deletes
+                r.settings.family for r in self.renderers if r.pending_chain_deletes
             )
             return
-        for r in self._renderers:
+        for r in self.renderers:
             r.pending_chain_deletes.clear()
 
     def apply(self, rendered: Rendered) -> SyncResult:
@@ -221,26 +333,28 @@ class NftablesBackend(Backend):
             self.invalidate()
             raise
 
-    def _apply(self, rendered: NftablesRendered) -> SyncResult:
-        """``apply`` without the invalidation on failure (``sync`` may retry the render)."""
+    def _apply(self, rendered: NftablesRendered, count_listing: bool = True) -> SyncResult:
+        """``apply`` without the invalidation on failure (``sync`` may retry the render);
+        ``count_listing``: count a failed listing (once per observation)."""
         plans = rendered.plans
-        self._delete_pending()
-        fresh = self._find_leftovers(plans)
-        text = rendered.kernel_input()
+        if count_listing:
+            self._cleanup_failed(rendered.listing_failed)
+        if rendered.pending_deletes:
+            self._delete_pending(rendered.pending_deletes)
         transactions = 0
-        staged = fresh and all(not p.trusted for p in plans)
-        if staged and text.count("\n") > max(STAGE_MIN_LINES, STAGE_LINES):
-            transactions = self._apply_staged(plans)
-        elif text:
+        if rendered.stages:
+            self.kernel.run_stages(rendered.stages)
+            transactions = len(rendered.stages)
+        elif text := rendered.kernel_input():
             try:
-                self._kernel.run(text)
+                self.kernel.run(text)
             except BackendError as err:
                 if _BUSY not in str(err) or not any(p.chains_deleted for p in plans):
                     raise
                 # Kernels before 6.2 notice only later that a chain lost its last reference
                 # from a map element: leave the chains flushed, delete them in a later sync.
                 log.info("kernel refused to delete unreferenced chains at once: deferring")
-                self._kernel.run(rendered.kernel_input(defer_chain_deletes=True))
+                self.kernel.run(rendered.kernel_input(defer_chain_deletes=True))
                 for plan in plans:
                     plan.deferred_chains = plan.stale_chains | plan.leftover_chains
             transactions = 1
@@ -252,9 +366,10 @@ class NftablesBackend(Backend):
             "elements_deleted": 0,
         }
         errors: dict[str, str] = {}
+        no_local: dict[IPFamily, NoLocalEndpoints] = {}
         for plan in plans:
             errors.update((str(spn), why) for spn, why in plan.errors.items())
-            self._renderers[plan.settings.family].commit(plan)
+            self.renderers[plan.settings.family].commit(plan)
             counts["chains_written"] += len(plan.chains_written)
             counts["chains_deleted"] += plan.chains_deleted
             counts["elements_added"] += len(plan.elements_added)
@@ -262,21 +377,65 @@ class NftablesBackend(Backend):
             fam = plan.settings.family.value
             for kind in ("internal", "external"):
                 counts[f"no_local_endpoints_{kind}_{fam}"] = plan.no_local_endpoints.get(kind, 0)
+            no_local[plan.settings.family] = NoLocalEndpoints(
+                plan.no_local_endpoints.get("internal", 0),
+                plan.no_local_endpoints.get("external", 0),
+            )
         counts["services_failed"] = len(errors)
+        samples = []
         for family, failures in self._cleanup_failures.items():
             counts[f"nftables_cleanup_failures_{family.value}"] = failures
+            samples.append(Sample(CLEANUP_FAILURES, (family.value,), failures, add=True))
         self._cleanup_failures = {}
-        return SyncResult(full=rendered.full, counts=counts, failed=errors)
+        return SyncResult(
+            full=rendered.full,
+            counts=counts,
+            failed=errors,
+            no_local_endpoints=no_local,
+            samples=tuple(samples),
+        )
 
-    def invalidate(self) -> None:
-        for r in self._renderers:
-            r.invalidate()
+    # --- beside the sync path ---------------------------------------------------------------
 
-    def cleanup(self) -> None:
-        """Remove both kube-proxy tables (as upstream's CleanupLeftovers), whoever made them."""
-        self._kernel.delete_tables(("ip", "ip6"))
-        log.info("removed nftables tables ip/ip6 %s", names.TABLE)
-        self._renderers.clear()
+    def _tables(self) -> list[str]:
+        """The families ("ip", "ip6") with a kube-proxy table on the node."""
+        return kube_proxy_tables(self.kernel.list("list tables\n"))
+
+    def cleanup(self) -> CleanupReport:
+        """Remove both kube-proxy tables (as upstream's CleanupLeftovers), whoever made them;
+        reports those that existed."""
+        present = self._tables()
+        if present:
+            # "add" first: a table removed meanwhile would fail the whole transaction.
+            self.kernel.run(
+                "".join(
+                    f"add table {fam} {names.TABLE}\ndelete table {fam} {names.TABLE}\n"
+                    for fam in present
+                )
+            )
+            log.info("removed nftables tables %s", ", ".join(f"{f} {names.TABLE}" for f in present))
+        self.renderers.clear()
+        return CleanupReport(self.mode, tuple(_table_line(fam) for fam in present))
+
+    def leftovers(self) -> list[str]:
+        return [_table_line(fam) for fam in self._tables()]
+
+    def inspect(self, service_port: ServicePortName) -> list[ProgrammedService]:
+        out = []
+        present = set(self._tables())
+        for family in self.ctx.families:
+            fam = _ip(family)
+            if fam not in present:
+                continue
+            try:
+                text = self.kernel.list(f"list table {fam} {names.TABLE}\n")
+            except BackendError as err:  # removed since
+                log.debug("listing table %s %s failed: %s", fam, names.TABLE, err)
+                continue
+            found = inspection.programmed(service_port, family, text)
+            if found is not None:
+                out.append(found)
+        return out
 
     def describe(self) -> Sequence[str]:
         return [
@@ -284,3 +443,16 @@ class NftablesBackend(Backend):
             f"tables: ip {names.TABLE}, ip6 {names.TABLE} (one transaction per sync:"
             " nft -f, or netlink for partial syncs)",
         ]
+
+
+def _table_line(fam: str) -> str:
+    return f"nftables table {fam} {names.TABLE}"
+
+
+def _stages(plans: list[FamilyPlan]) -> list[str]:
+    """A first load into empty tables, in stages (FamilyPlan.stages). A failure leaves
+    inert objects that the next (full) sync, which finds the tables, rewrites or removes in
+    one transaction."""
+    texts = [stage for plan in plans for stage in plan.stages(STAGE_LINES)]
+    texts.append("".join(plan.last_stage() for plan in plans))
+    return [t for t in texts if t]

@@ -7,58 +7,54 @@ the last). ``netlink`` encodes what the renderer writes (the table, base chains,
 maps, every rule of the fixed chains and of services, elements, flushes, deletions) as the very
 messages nft would send, and skips nft's parser (a third of a first sync's time) and its cache
 fetch (O(chains^2) per call). What it does not encode (a set of several source ranges, for one)
-goes to nft. Only on a full sync are object names listed, with ``nft -t list chains/sets/maps``
-(chain headers without rules, sets without elements: a fraction of ``list table``), to find
-leftovers of earlier runs and chains gone missing.
+goes to nft. ``list`` runs nft's list commands and returns its text (listing.py parses it).
+
+``NftSeam`` is what the backend needs of a kernel: the real ``NftKernel`` or an in-memory fake.
 """
 
 from __future__ import annotations
 
+import builtins
 import logging
-import re
 import threading
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from typing import ClassVar, Protocol
 
-from kubeplex.backends.nftables import names, netlink
+from kubeplex.backends.nftables import netlink
 from kubeplex.core.dataplane import execer
 from kubeplex.core.model.errors import BackendError
 
 log = logging.getLogger(__name__)
 
-_TABLE = re.compile(r"^table (ip6?) (\S+) \{$")
-_OBJECT = re.compile(r"^\s+(chain|set|map) (\S+) \{$")
-
-
-@dataclass
-class TableObjects:
-    """Names of the chains, sets and maps of one ``kube-proxy`` table."""
-
-    chains: set[str] = field(default_factory=set)
-    sets: set[str] = field(default_factory=set)
-    maps: set[str] = field(default_factory=set)
-
-
-def parse_listing(text: str) -> dict[str, TableObjects]:
-    """``nft -t list chains/sets/maps`` output -> the kube-proxy table's objects by family."""
-    found: dict[str, TableObjects] = {}
-    current: TableObjects | None = None
-    for line in text.splitlines():
-        if m := _TABLE.match(line):
-            current = (
-                found.setdefault(m.group(1), TableObjects()) if m.group(2) == names.TABLE else None
-            )
-        elif current is not None and (m := _OBJECT.match(line)):
-            kind, name = m.groups()
-            {"chain": current.chains, "set": current.sets, "map": current.maps}[kind].add(name)
-    return found
-
-
 #: The nft executable that the netlink path stands in for.
 NFT = "nft"
 
 
+class NftSeam(Protocol):
+    """The nftables kernel as the backend sees it: transactions in, listings out."""
+
+    #: The methods through which ``apply`` writes.
+    writes: ClassVar[tuple[str, ...]]
+
+    def run(self, text: str) -> None:
+        """One atomic transaction in ``nft -f`` syntax; BackendError if refused (nothing
+        applied)."""
+
+    def run_stages(self, texts: Sequence[str]) -> None:
+        """Several transactions in order, stopping at the first refused (BackendError)."""
+
+    def list(self, commands: str, terse: bool = False) -> str:
+        """The output of ``nft [-t] -f -`` for list commands ("list tables", "list table ip
+        kube-proxy", "list chains ip", ...), as nft prints it; BackendError if nft fails (a
+        missing table, for one)."""
+        return ""
+
+
 class NftKernel:
+    """The node's nftables (in ``netns``): netlink where it can, ``nft -f -`` otherwise."""
+
+    writes: ClassVar[tuple[str, ...]] = ("run", "run_stages")
+
     def __init__(self, netns: str | None) -> None:
         self.netns = netns
         #: The nft executable (tests swap it for one that fails). Any other than the default
@@ -125,14 +121,14 @@ class NftKernel:
     @staticmethod
     def _compile(
         text: str, anonymous_names: dict[int, int] | None = None
-    ) -> list[netlink.Message] | None:
+    ) -> builtins.list[netlink.Message] | None:
         try:
             return netlink.compile_transaction(text, anonymous_names)
         except netlink.Unsupported as err:
             log.debug("nftables transaction through nft (not encoded here: %s)", err)
             return None
 
-    def _run_netlink(self, messages: list[netlink.Message]) -> bool:
+    def _run_netlink(self, messages: builtins.list[netlink.Message]) -> bool:
         """Send the batch; False if no socket can be had (then nft does it, from now on)."""
         if self._netlink is None:
             self._netlink = netlink.NftNetlink(self.netns)
@@ -155,23 +151,7 @@ class NftKernel:
             self._netlink.close()
             self._netlink = None
 
-    def list_objects(self, families: Iterable[str]) -> dict[str, TableObjects] | None:
-        """Chains, sets and maps of ``<family> kube-proxy`` ("ip", "ip6"), by family (absent:
-        no such table); None if listing fails."""
-        commands = "".join(
-            f"list chains {fam}\nlist sets {fam}\nlist maps {fam}\n" for fam in families
-        )
-        try:
-            proc = execer.run([self.nft_cmd, "-t", "-f", "-"], self.netns, input=commands)
-        except BackendError as err:
-            log.error("listing nftables objects failed, leftovers stay: %s", err)
-            return None
-        return parse_listing(proc.stdout)
-
-    def delete_tables(self, families: Iterable[str]) -> None:
-        """Remove ``<family> kube-proxy`` tables (adding each first: deleting a missing table
-        would fail the transaction)."""
-        text = "".join(
-            f"add table {fam} {names.TABLE}\ndelete table {fam} {names.TABLE}\n" for fam in families
-        )
-        execer.run([self.nft_cmd, "-f", "-"], self.netns, input=text)
+    def list(self, commands: str, terse: bool = False) -> str:
+        """``nft [-t] -f -`` with ``commands`` (list commands only): what nft prints."""
+        argv = [self.nft_cmd, *(["-t"] if terse else []), "-f", "-"]
+        return execer.run(argv, self.netns, input=commands).stdout

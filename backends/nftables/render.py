@@ -42,7 +42,7 @@ from kubeplex.backends.nftables.rules import (
 from kubeplex.core.dataplane.backend import Rendered
 from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.graph import ChangeSet, ServiceGraph
-from kubeplex.core.model.types import ServicePortName
+from kubeplex.core.model.types import IPFamily, ServicePortName
 
 #: What an element holds: (value, comment).
 ElemVal = tuple[str, str]
@@ -240,7 +240,18 @@ class RenderUndo:
 
 @dataclass
 class NftablesRendered(Rendered):
+    """The families' plans, and (rendered with an observation of the kernel) the other
+    transactions of the sync: chains earlier syncs left to delete, and the stages of a first
+    load into tables that did not exist."""
+
     plans: list[FamilyPlan]
+    #: Chains that kernels before 6.2 refused to delete in their sync: deleted first, in a
+    #: transaction of their own whose failure does not fail the sync.
+    pending_deletes: str = ""
+    #: A big first load into tables that did not exist: its transactions (empty: one).
+    stages: list[str] = field(default_factory=list)
+    #: The families whose full sync found the table's listing failing (no leftovers removed).
+    listing_failed: tuple[IPFamily, ...] = ()
 
     @property
     def full(self) -> bool:
@@ -250,8 +261,24 @@ class NftablesRendered(Rendered):
         """What ``nft -f -`` reads: every family's part, as one atomic transaction."""
         return "".join(p.transaction(defer_chain_deletes) for p in self.plans)
 
+    def kernel_inputs(self) -> list[str]:
+        """Every transaction ``apply`` sends, in order."""
+        out = [self.pending_deletes] if self.pending_deletes else []
+        if self.stages:
+            return out + self.stages
+        text = self.kernel_input()
+        return [*out, text] if text else out
+
     def __str__(self) -> str:
         out = []
+        if self.pending_deletes:
+            out.append("# nft -f - transaction (chains left by earlier syncs)\n")
+            out.append(self.pending_deletes)
+        for i, stage in enumerate(self.stages, 1):
+            out.append(f"# nft -f - transaction (first load, stage {i} of {len(self.stages)})\n")
+            out.append(stage)
+        if self.stages:
+            return "".join(out)
         for plan in self.plans:
             kind = "full" if plan.full else "partial"
             out.append(f"# nft -f - transaction ({plan.settings.family.value}, {kind} sync)\n")

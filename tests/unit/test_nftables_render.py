@@ -46,7 +46,8 @@ from render_kit import (
 
 from kubeplex.backends.nftables import NftablesBackend, node_port_ips
 from kubeplex.backends.nftables import names as N
-from kubeplex.backends.nftables.kernel import TableObjects, parse_listing
+from kubeplex.backends.nftables.kernel import NftKernel
+from kubeplex.backends.nftables.listing import TableObjects, parse_listing
 from kubeplex.backends.nftables.render import FamilyRenderer, NftablesRendered
 from kubeplex.backends.nftables.rules import (
     FamilySettings,
@@ -256,12 +257,15 @@ class FakeNft:
 
 
 class FakeKernel:
-    """The backend's kernel seam on top of a FakeNft."""
+    """The backend's kernel seam (NftSeam) on top of a FakeNft."""
+
+    writes = ("run", "run_stages")
 
     def __init__(self, nft: FakeNft | None = None) -> None:
         self.nft = nft or FakeNft()
         self.listings = 0
         self.refuse: str | None = None  # make run() fail with this message (once)
+        self.fail_listing = False  # make the listing of a full sync fail
 
     def run(self, text: str) -> None:
         if self.refuse is not None:
@@ -276,14 +280,34 @@ class FakeKernel:
         for text in texts:
             self.run(text)
 
-    def list_objects(self, families: Iterable[str]) -> dict[str, TableObjects]:
+    def list(self, commands: str, terse: bool = False) -> str:
+        """``list tables`` and the object names of ``list chains/sets/maps FAMILY``, in nft's
+        format (what the backend parses)."""
+        if commands == "list tables\n":
+            return "".join(f"table {fam}\n" for fam in self.nft.tables)
+        assert terse and commands.startswith("list chains "), commands
         self.listings += 1
-        found = self.nft.objects()
-        return {f: found[f] for f in families if f in found}
+        if self.fail_listing:
+            raise BackendError("nft -t -f - failed (exit 1): simulated")
+        wanted = {line.split()[2] for line in commands.splitlines()}
+        out = []
+        for fam, objs in self.nft.objects().items():
+            if fam not in wanted:
+                continue
+            out.append(f"table {fam} kube-proxy {{\n")
+            for kind, found in (("chain", objs.chains), ("set", objs.sets), ("map", objs.maps)):
+                out += [f"\t{kind} {name} {{\n\t}}\n" for name in sorted(found)]
+            out.append("}\n")
+        return "".join(out)
 
-    def delete_tables(self, families: Iterable[str]) -> None:
-        for fam in families:
-            self.nft.tables.pop(f"{fam} kube-proxy", None)
+
+class NoKernel:
+    """A kernel seam that must not be used (render is pure)."""
+
+    writes = ("run", "run_stages")
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the kernel was used: {name}")
 
 
 _ORDER = {"table": 10, "chain": 9, "rule": 8, "set": 7, "map": 6, "element": 5}
@@ -324,16 +348,28 @@ class Harness(RenderHarness[NftablesBackend, NftablesRendered]):
         families: tuple[IPFamily, ...] = (V4,),
         node: str = NODE,
         service_cidrs: tuple[str, ...] = UPSTREAM_SERVICE_CIDRS,
+        kernel: FakeKernel | None = None,
     ) -> None:
-        super().__init__(NftablesBackend, objects, cfg, families, node, config)
+        self.kernel: FakeKernel = kernel if kernel is not None else FakeKernel()
+        super().__init__(
+            lambda ctx: NftablesBackend(replace(ctx, kernel=self.kernel)),
+            objects,
+            cfg,
+            families,
+            node,
+            config,
+        )
         if service_cidrs:  # upstream's fake proxier's ServiceCIDRs, as a ServiceCIDR object
             self.feed([service_cidr(service_cidrs)])
-        self.kernel = FakeKernel()
-        self.backend._kernel = self.kernel  # type: ignore[assignment]
+
+    def use(self, kernel: FakeKernel) -> None:
+        """Program ``kernel`` from now on (the backend's injected seam)."""
+        self.kernel = self.backend.kernel = kernel
 
     def sync(self, full: bool = False) -> NftablesRendered:
-        """Render and apply (through the backend's real apply step, on the fake kernel)."""
-        rendered = self.render(full)
+        """Observe, render and apply (the backend's real steps, on the fake kernel)."""
+        state = self.cluster.checkout(full=full)
+        rendered = self.backend.render(state, self.backend.observe(state))
         self.backend.apply(rendered)
         return rendered
 
@@ -1451,9 +1487,8 @@ def test_partial_syncs_end_where_a_full_sync_from_scratch_ends() -> None:
         assert not r.full, step
         fresh = Harness([])
         fresh.cluster = h.cluster
-        fresh.backend._renderers.clear()
-        fresh.kernel.nft = FakeNft()
-        fresh.backend._kernel = fresh.kernel  # type: ignore[assignment]
+        fresh.backend.renderers.clear()
+        fresh.use(FakeKernel())
         fresh.sync(full=True)
         assert_same_table(fresh.dump(), h.dump())
 
@@ -1514,7 +1549,7 @@ def test_kernels_that_cannot_delete_at_once_get_the_deletes_later() -> None:
     t = h.kernel.nft.tables["ip kube-proxy"]
     left = {c for c in t.chains if "ns1/web" in c}
     assert left and all(t.rules[c] == [] for c in left)
-    renderer = h.backend._renderers[V4]
+    renderer = h.backend.renderers[V4]
     assert renderer.pending_chain_deletes == left
     h.sync()  # nothing changed: only the pending deletions run
     assert not any("ns1/web" in c for c in h.kernel.nft.tables["ip kube-proxy"].chains)
@@ -1815,8 +1850,7 @@ def test_backend_registration_and_capabilities() -> None:
 
 def test_render_is_pure() -> None:
     # No kernel is touched by render: a backend without any kernel renders fine.
-    backend = NftablesBackend(BackendContext(config(UPSTREAM), NODE, (V4,)))
-    backend._kernel = None  # type: ignore[assignment]
+    backend = NftablesBackend(BackendContext(config(UPSTREAM), NODE, (V4,), kernel=NoKernel()))
     cluster = ClusterState(NODE, (V4,))
     for obj in overall_objects():
         {
@@ -1888,8 +1922,6 @@ def test_netlink_leaves_the_rest_to_nft(line: str) -> None:
 
 
 def test_netlink_path_is_off_for_a_custom_nft() -> None:
-    from kubeplex.backends.nftables.kernel import NftKernel
-
     kernel = NftKernel("no-such-netns")
     kernel.nft_cmd = "/bin/false"
     with pytest.raises(BackendError):
@@ -1948,9 +1980,13 @@ def kernel_table(ns: str, family: str = "ip") -> dict[str, list[str]]:
     return objects
 
 
-def kernel_harness(objects: Iterable[Mapping[str, Any]], ns: str) -> Harness:
+def kernel_harness(
+    objects: Iterable[Mapping[str, Any]], ns: str, kernel: NftKernel | None = None
+) -> Harness:
+    """A harness on the real kernel in ``ns`` (through ``kernel``, if given)."""
     h = Harness(objects, families=(V4, V6))
-    h.backend = NftablesBackend(BackendContext(h.cfg, NODE, (V4, V6), netns=ns))
+    real = kernel if kernel is not None else NftKernel(ns)
+    h.backend = NftablesBackend(BackendContext(h.cfg, NODE, (V4, V6), netns=ns, kernel=real))
     return h
 
 
@@ -1961,10 +1997,11 @@ def assert_as_one_nft_transaction(h: Harness, netns: str, netns2: str) -> None:
 
     import kubeplex.backends.nftables as backend_module
 
-    fresh = kernel_harness([], netns2)
+    kernel = NftKernel(netns2)
+    kernel.use_netlink = False
+    fresh = kernel_harness([], netns2, kernel)
     fresh.cluster = h.cluster
-    fresh.backend._kernel.use_netlink = False  # type: ignore[attr-defined]
-    fresh.backend._kernel.run("flush ruleset\n")  # type: ignore[attr-defined]
+    kernel.run("flush ruleset\n")
     with unittest.mock.patch.object(backend_module, "STAGE_MIN_LINES", 10**9):
         fresh.sync(full=True)
     for fam in ("ip", "ip6"):
@@ -1974,12 +2011,10 @@ def assert_as_one_nft_transaction(h: Harness, netns: str, netns2: str) -> None:
 def test_netlink_partial_syncs_give_nfts_table(netns: str, netns2: str) -> None:
     import random
 
-    from kubeplex.backends.nftables.kernel import NftKernel
-
     rnd = random.Random(11)
     objects = many_services(12, 2)
     h = kernel_harness(objects, netns)
-    kernel = h.backend._kernel
+    kernel = h.backend.kernel
     assert isinstance(kernel, NftKernel)
     h.sync()
     assert kernel.last_path == "netlink"
@@ -2138,7 +2173,6 @@ def test_a_staged_first_load_over_netlink_gives_nfts_table(
     nft transaction writes; later syncs that add anonymous maps (numbered by the kernel around
     those names) keep it so."""
     import kubeplex.backends.nftables as backend_module
-    from kubeplex.backends.nftables.kernel import NftKernel
 
     objects = many_services(30, 3)
     objects.append(web_service(30, [port()], sessionAffinity="ClientIP"))
@@ -2147,7 +2181,7 @@ def test_a_staged_first_load_over_netlink_gives_nfts_table(
     monkeypatch.setattr(backend_module, "STAGE_MIN_LINES", 0)
     h = kernel_harness(objects, netns)
     transactions: list[str] = []
-    kernel = h.backend._kernel
+    kernel = h.backend.kernel
     assert isinstance(kernel, NftKernel)
     real_run_netlink = kernel._run_netlink
     monkeypatch.setattr(
@@ -2214,7 +2248,7 @@ def test_netlink_failure_leaves_the_table_and_forces_a_full_sync(netns: str) -> 
     h.feed([endpoint_slice("ns1", "web", [ep("10.0.1.1", NODE), ep("10.0.1.7", "n2")])])
     with pytest.raises(BackendError, match="No such file or directory"):
         h.sync()
-    assert h.backend._kernel.last_path == "netlink"  # type: ignore[attr-defined]
+    assert isinstance(h.backend.kernel, NftKernel) and h.backend.kernel.last_path == "netlink"
     assert kernel_table(netns) == damaged  # nothing of the batch was applied
     r = h.sync()
     assert r.full and "10.0.1.7" in str(kernel_table(netns))
@@ -2288,13 +2322,12 @@ def test_cleanup_failures_reach_the_metric() -> None:
     assert proxier.sync()
     assert not metrics.value(name, {"ip_family": "IPv4"})  # (unset: never counted)
     # A listing that fails on a full sync.
-    real_list = h.kernel.list_objects
-    h.kernel.list_objects = lambda families: None  # type: ignore[assignment,method-assign,return-value]
+    h.kernel.fail_listing = True
     assert proxier.sync(full=True)
     assert metrics.value(name, {"ip_family": "IPv4"}) == 1
-    h.kernel.list_objects = real_list  # type: ignore[method-assign]
+    h.kernel.fail_listing = False
     # Stale chains whose deletion the kernel refuses (kept for the next sync).
-    renderer = h.backend._renderers[V4]
+    renderer = h.backend.renderers[V4]
     renderer.pending_chain_deletes = {"endpoint-GONE"}
     h.feed([endpoint_slice("ns1", "web", [ep("10.0.1.7", NODE)])])
     h.kernel.refuse = "nft -f failed: Device or resource busy"

@@ -43,8 +43,7 @@ class RefusingKernel(FakeKernel):
 def harness(refused: str | None = None) -> tuple[Harness, RefusingKernel, Proxier]:
     h = Harness(many_services(6, 2))
     kernel = RefusingKernel(refused)
-    h.kernel = kernel
-    h.backend._kernel = kernel  # type: ignore[assignment]
+    h.use(kernel)
     return h, kernel, Proxier(h.cluster, h.backend)
 
 
