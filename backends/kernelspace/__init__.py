@@ -11,15 +11,23 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
+from typing import Any
 
 from kubeplex.backends.kernelspace.policies import (
+    FamilyPlan,
     FamilyRenderer,
     FamilySettings,
     KernelspaceRendered,
 )
-from kubeplex.core.dataplane.backend import Backend, BackendContext, PerFamily, Rendered, SyncResult
+from kubeplex.core.dataplane.backend import (
+    BackendContext,
+    CleanupReport,
+    FamilyBackend,
+    Rendered,
+    SyncResult,
+)
 from kubeplex.core.model.errors import BackendError
-from kubeplex.core.model.graph import ProxyState
+from kubeplex.core.model.graph import ChangeSet, ProxyState, ServiceGraph
 from kubeplex.core.model.types import IPFamily, NodeInfo, family_of, normalize_ip
 
 #: Where upstream reads the HNS network name when winkernel.networkName is not set.
@@ -46,13 +54,16 @@ def _port_of(address: str) -> int:
     return int(port) if port.isdigit() else 0
 
 
-class KernelspaceBackend(Backend):
+class KernelspaceBackend(FamilyBackend[FamilyRenderer]):
+    """No kernel seam (``real_kernel`` is None): nothing is ever programmed."""
+
     mode = "kernelspace"
     capabilities = frozenset({"session-affinity", "ipv6", "dsr", "render-only"})
+    #: HNS has no conntrack for the daemon to clean (upstream registers no reconciler metrics).
+    uses_conntrack = False
 
     def __init__(self, ctx: BackendContext) -> None:
         super().__init__(ctx)
-        self._renderers = PerFamily(FamilyRenderer)
         # Read once, here: a render must not depend on when it runs.
         self._network_name = ctx.config.winkernel.network_name or os.environ.get(NETWORK_ENV, "")
 
@@ -91,19 +102,24 @@ class KernelspaceBackend(Backend):
             ),
         )
 
-    def render(self, state: ProxyState) -> KernelspaceRendered:
-        plans = []
-        for family in self.ctx.families:
-            graph = state.graphs.get(family)
-            if graph is not None:
-                settings = self.settings(family, state.node)
-                renderer = self._renderers.with_settings(family, settings)
-                plans.append(renderer.render(graph, state.changes[family]))
+    def make_renderer(self, settings: Any) -> FamilyRenderer:
+        return FamilyRenderer(settings)
+
+    def family_settings(self, family: IPFamily, state: ProxyState, observed: Any) -> Any:
+        return self.settings(family, state.node)
+
+    def render_family(
+        self, renderer: FamilyRenderer, graph: ServiceGraph, changes: ChangeSet, observed: Any
+    ) -> FamilyPlan:
+        return renderer.render(graph, changes)
+
+    def combine(self, plans: list[Any]) -> KernelspaceRendered:
         return KernelspaceRendered(plans)
 
-    def invalidate(self) -> None:
-        for r in self._renderers:
-            r.invalidate()
+    def render(self, state: ProxyState, observed: Any = None) -> KernelspaceRendered:
+        rendered = super().render(state, observed)
+        assert isinstance(rendered, KernelspaceRendered)
+        return rendered
 
     # --- the node: Windows HNS only ---------------------------------------------------------
 
@@ -113,7 +129,7 @@ class KernelspaceBackend(Backend):
     def apply(self, rendered: Rendered) -> SyncResult:
         raise BackendError(requires_hns())
 
-    def cleanup(self) -> None:
+    def cleanup(self) -> CleanupReport:
         raise BackendError(requires_hns())
 
     def describe(self) -> list[str]:

@@ -613,7 +613,7 @@ def test_one_endpoint_change_rerenders_only_that_service() -> None:
     assert part["remoteEndpoints"] == [] and part["remoteEndpointsDeleted"] == []
     # svc2's policies are exactly what they were.
     assert (
-        h.backend._renderers[V4].fragments[ServicePortName("ns1", "svc2", "p80")].load_balancers[0]
+        h.backend.renderers[V4].fragments[ServicePortName("ns1", "svc2", "p80")].load_balancers[0]
         == lbs(first)[1]
     )
     # Nothing changed: nothing to write.
@@ -662,6 +662,14 @@ def test_apply_and_cleanup_refuse_without_hns() -> None:
     with pytest.raises(BackendError, match="requires Windows HNS"):
         h.backend.cleanup()
     assert any("requires Windows HNS" in m for m in h.backend.missing_requirements())
+
+
+def test_render_only_hooks() -> None:
+    """No kernel seam, no conntrack, nothing to read back or left behind on this node."""
+    backend = Harness(two_services()).backend
+    assert backend.kernel is None and not backend.uses_conntrack
+    assert backend.inspect(ServicePortName("ns1", "svc1", "p80")) is None
+    assert backend.leftovers() == [] and backend.metric_families() == ()
 
 
 def test_on_windows_it_says_render_only(monkeypatch: pytest.MonkeyPatch) -> None:
