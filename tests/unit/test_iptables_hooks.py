@@ -1,0 +1,371 @@
+"""The iptables backend on the v2 contract, against an in-memory seam (no root): observe reads
+only for full renders, the observed render holds everything apply sends, apply adds nothing;
+metric families and samples; cleanup, leftovers and inspect read back iptables-save text."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
+
+import pytest
+from render_kit import V4, V6, config, endpoint_slice, ep, port, service
+
+import kubeplex.backends.iptables.render as render_module
+from kubeplex.backends.iptables import ROUTE_LOCALNET, IptablesBackend, names
+from kubeplex.backends.iptables.render import FamilyPlan, IptablesRendered
+from kubeplex.backends.netfilter.iptables import Iptables, SavedRuleset
+from kubeplex.core.dataplane.backend import (
+    BackendContext,
+    MetricEvent,
+    NoLocalEndpoints,
+    Sample,
+)
+from kubeplex.core.model.cluster import ClusterState
+from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.types import IPFamily, Protocol, ServicePortName
+
+NODE = "node-a"
+CFG = config({"clusterCIDR": "10.128.0.0/9"})
+BUILTIN = {
+    "filter": ("INPUT", "FORWARD", "OUTPUT"),
+    "nat": ("PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"),
+    "mangle": ("PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"),
+}
+
+
+class MemorySeam:
+    """Just enough of an IptablesSeam: save answers ``saved`` (per family), restore records."""
+
+    writes: ClassVar[tuple[str, ...]] = ("restore",)
+
+    def __init__(self, saved: Mapping[IPFamily, str] | None = None) -> None:
+        self.saved = dict(saved or {})
+        self.saves: list[tuple[IPFamily, str | None, bool]] = []
+        self.restores: list[tuple[IPFamily, str]] = []
+        self.sysctls: list[tuple[str, str]] = []
+        self.nfacct: dict[str, int] = {}
+        self.address_reads = 0
+        self.refuse = False
+
+    def save(self, family: IPFamily, table: str | None = None, counters: bool = False) -> str:
+        self.saves.append((family, table, counters))
+        return self.saved.get(family, empty_save())
+
+    def restore(self, family: IPFamily, text: str) -> None:
+        if self.refuse:
+            raise BackendError("iptables-restore: line 2 failed")
+        self.restores.append((family, text))
+
+    def restore_command(self, family: IPFamily) -> str:
+        return "ip6tables-restore" if family is IPFamily.IPv6 else "iptables-restore"
+
+    def interface_addresses(self) -> tuple[str, ...]:
+        self.address_reads += 1
+        return ("127.0.0.1", "192.168.0.2", "::1")
+
+    def sysctl(self, key: str, value: str) -> None:
+        self.sysctls.append((key, value))
+
+    def ensure_nfacct(self, counters: tuple[str, ...]) -> frozenset[str]:
+        return frozenset(counters)
+
+    def read_nfacct(self, name: str) -> int | None:
+        return self.nfacct.get(name)
+
+
+def empty_save(extra: Mapping[str, Iterable[str]] | None = None) -> str:
+    """iptables-save of a node without our chains; ``extra`` lines per table."""
+    out = []
+    for table, chains in BUILTIN.items():
+        out.append(f"*{table}")
+        out += [f":{c} ACCEPT [0:0]" for c in chains]
+        out += list((extra or {}).get(table, ()))
+        out.append("COMMIT")
+    return "\n".join(out) + "\n"
+
+
+def saved_after(plan: FamilyPlan, packets: int = 0) -> str:
+    """iptables-save -c (restore-form rules) of a node where ``plan`` and its prelude ran."""
+    out = []
+    for table, chains in (("filter", plan.filter), ("nat", plan.nat), ("mangle", {})):
+        out.append(f"*{table}")
+        out += [f":{c} ACCEPT [0:0]" for c in BUILTIN[table]]
+        pre = plan.prelude.get(table, [])
+        out += [line for line in pre if line.startswith(":")]
+        out += [f":{c} - [0:0]" for c in chains]
+        for line in pre:
+            if line.startswith("-I "):
+                head, _, rest = line[3:].partition(" 1 ")
+                out.append(f"[0:0] -A {head} {rest}")
+        for rules in chains.values():
+            out += [f"[{packets}:{packets * 60}] {r}" for r in rules]
+        out.append("COMMIT")
+    return "\n".join(out) + "\n"
+
+
+def objects(endpoints: int = 1, port_number: int = 80, **spec: Any) -> list[dict[str, Any]]:
+    eps = [ep(f"10.128.0.{i + 1}", NODE) for i in range(endpoints)]
+    return [
+        service("ns", "web", "10.96.0.10", [port(port_number)], **spec),
+        endpoint_slice("ns", "web", eps, ports=[port(8080)]),
+    ]
+
+
+WEB = ServicePortName("ns", "web", "p80", Protocol.TCP)
+
+
+def setup(
+    seam: MemorySeam, objs: Iterable[Mapping[str, Any]] = (), families: tuple[IPFamily, ...] = (V4,)
+) -> tuple[IptablesBackend, ClusterState]:
+    be = IptablesBackend(BackendContext(CFG, NODE, families, kernel=seam))
+    be.prepare()
+    cluster = ClusterState(NODE, families)
+    feed(cluster, objs)
+    return be, cluster
+
+
+def feed(cluster: ClusterState, objs: Iterable[Mapping[str, Any]]) -> None:
+    for obj in objs:
+        if obj["kind"] == "Service":
+            cluster.set_service(obj)
+        else:
+            cluster.set_endpoint_slice(obj)
+
+
+def observed(be: IptablesBackend, cluster: ClusterState, full: bool = False) -> IptablesRendered:
+    state = cluster.checkout(full=full)
+    return be.render(state, be.observe(state))
+
+
+# --- observe / render / apply -------------------------------------------------------------------
+
+
+def test_the_real_seam_writes_through_restore() -> None:
+    assert Iptables.writes == ("restore",)
+    assert isinstance(IptablesBackend(BackendContext(CFG, NODE)).kernel, Iptables)
+
+
+def test_observe_reads_the_kernel_only_for_a_full_render() -> None:
+    seam = MemorySeam()
+    be, cluster = setup(seam, objects(), (V4, V6))
+    state = cluster.checkout(full=True)
+    seen = be.observe(state)
+    assert seen is not None and set(seen) == {V4, V6}
+    assert seam.address_reads == 1 and [s[0] for s in seam.saves] == [V4, V6]
+    be.apply(be.render(state, seen))
+
+    feed(cluster, objects(endpoints=2))
+    seam.saves.clear()
+    partial = cluster.checkout()
+    assert be.observe(partial) is None and not seam.saves
+    assert not be.render(partial, None).full
+
+
+def test_the_observed_render_holds_everything_apply_sends() -> None:
+    leftover = "KUBE-SVC-LEFTOVER00000000"
+    seam = MemorySeam({V4: empty_save({"nat": [f":{leftover} - [0:0]"]})})
+    be, cluster = setup(seam, objects(node_port=30080, type="NodePort"))
+    rendered = observed(be, cluster, full=True)
+    (plan,) = rendered.plans
+    assert leftover in plan.delete
+    assert plan.sysctls == ((ROUTE_LOCALNET, "1"),)
+    assert plan.prelude["mangle"] == [f":{names.CANARY} - [0:0]"]
+    assert any(line.startswith("-I PREROUTING 1 ") for line in plan.prelude["nat"])
+    text = str(rendered)
+    lines = text.splitlines()
+    assert lines[:2] == [
+        "# iptables-restore --noflush input (IPv4, full sync)",
+        f"# sysctl {ROUTE_LOCALNET}=1",
+    ]
+    assert f"-X {leftover}" in lines
+
+    be.apply(rendered)
+    assert [t for _, t in seam.restores] == list(rendered.kernel_inputs())
+    assert "".join(line + "\n" for line in lines[2:]) == "".join(rendered.kernel_inputs())
+    assert seam.sysctls == [(ROUTE_LOCALNET, "1")]
+    assert str(rendered) == text  # apply added nothing
+
+
+def test_without_an_observation_the_render_is_the_plain_one() -> None:
+    seam = MemorySeam()
+    be, cluster = setup(seam, objects())
+    rendered = be.render(cluster.checkout(full=True))
+    (plan,) = rendered.plans
+    assert not plan.prelude and not plan.sysctls and not seam.saves
+    assert list(rendered.kernel_inputs()) == [plan.restore_input()]
+    assert str(rendered) == (
+        "# iptables-restore --noflush input (IPv4, full sync)\n" + plan.restore_input()
+    )
+
+
+def test_a_partial_render_prints_what_it_sends() -> None:
+    seam = MemorySeam()
+    be, cluster = setup(seam, objects())
+    be.sync(cluster.checkout(full=True))
+    seam.restores.clear()
+    feed(cluster, objects(endpoints=2))
+    rendered = observed(be, cluster)
+    assert not rendered.full
+    be.apply(rendered)
+    body = "".join(ln + "\n" for ln in str(rendered).splitlines() if not ln.startswith("#"))
+    assert [t for _, t in seam.restores] == [body]
+    # Nothing changed: nothing is sent, the print is the header alone.
+    quiet = observed(be, cluster)
+    assert quiet.kernel_inputs() == []
+    assert str(quiet) == "# iptables-restore --noflush input (IPv4, partial sync)\n"
+
+
+def test_a_large_plan_prints_each_batch() -> None:
+    seam = MemorySeam()
+    be, cluster = setup(seam, objects(endpoints=30))
+    rendered = observed(be, cluster, full=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(render_module, "BATCH_RULES", 20)
+        inputs = list(rendered.kernel_inputs())
+        text = str(rendered)
+        assert len(inputs) > 1
+        assert f"# iptables-restore --noflush input 2 of {len(inputs)} (IPv4, full sync)" in text
+        assert "".join(ln + "\n" for ln in text.splitlines() if not ln.startswith("#")) == (
+            "".join(inputs)
+        )
+
+
+def test_a_refused_restore_fails_its_family_and_the_next_render_is_full() -> None:
+    seam = MemorySeam()
+    be, cluster = setup(seam, objects(), (V4, V6))
+    be.sync(cluster.checkout(full=True))
+    feed(cluster, objects(endpoints=2))
+    seam.refuse = True
+    with pytest.raises(BackendError) as refused:
+        be.sync(cluster.checkout())
+    assert refused.value.families == (V4,)  # the IPv6 graph has no endpoints: nothing to write
+    assert "nothing was written" in str(refused.value)
+    seam.refuse = False
+    state = cluster.checkout()
+    seen = be.observe(state)
+    assert seen is not None and set(seen) == {V4}
+    assert be.render(state, seen).plans[0].full
+
+
+# --- metrics ------------------------------------------------------------------------------------
+
+
+def test_metric_families_are_upstreams() -> None:
+    be, _ = setup(MemorySeam())
+    fams = {f.name: f for f in be.metric_families()}
+    assert list(fams) == [
+        "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+        "kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
+        "kubeproxy_iptables_localhost_nodeports_accepted_packets_total",
+        "kubeproxy_sync_full_proxy_rules_duration_seconds",
+        "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+        "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+        "kubeproxy_sync_proxy_rules_iptables_total",
+        "kubeproxy_sync_proxy_rules_iptables_last",
+    ]
+    on = {name: f.on for name, f in fams.items() if f.on is not MetricEvent.NONE}
+    assert on == {
+        "kubeproxy_sync_proxy_rules_iptables_restore_failures_total": MetricEvent.SYNC_FAILED,
+        "kubeproxy_sync_full_proxy_rules_duration_seconds": MetricEvent.FULL_SYNC_SECONDS,
+        "kubeproxy_sync_partial_proxy_rules_duration_seconds": MetricEvent.PARTIAL_SYNC_SECONDS,
+        "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total": (
+            MetricEvent.PARTIAL_SYNC_FAILED
+        ),
+    }
+    assert [n for n, f in fams.items() if f.scraped] == [
+        "kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
+        "kubeproxy_iptables_localhost_nodeports_accepted_packets_total",
+    ]
+    assert fams["kubeproxy_sync_proxy_rules_iptables_total"].labels == ("ip_family", "table")
+
+
+def test_samples_and_no_local_endpoints_after_a_sync() -> None:
+    seam = MemorySeam()
+    local = objects(externalTrafficPolicy="Local", type="NodePort", node_port=30080)
+    local[1]["endpoints"][0]["nodeName"] = "other"
+    be, cluster = setup(seam, local)
+    result = be.sync(cluster.checkout(full=True))
+    assert result.no_local_endpoints == {V4: NoLocalEndpoints(internal=0, external=1)}
+    by_key = {(s.family, s.labels): s for s in result.samples}
+    total = by_key[("kubeproxy_sync_proxy_rules_iptables_total", ("IPv4", "nat"))]
+    assert total.value == result.counts["iptables_total_nat_IPv4"] > 0 and not total.add
+    assert ("kubeproxy_sync_proxy_rules_iptables_last", ("IPv4", "filter")) in by_key
+
+
+def test_scrape_reads_the_nfacct_counters_it_can() -> None:
+    seam = MemorySeam()
+    seam.nfacct = {"ct_state_invalid_dropped_pkts": 7}
+    be, _ = setup(seam)
+    assert list(be.scrape()) == [
+        Sample("kubeproxy_iptables_ct_state_invalid_dropped_packets_total", (), 7)
+    ]
+
+
+# --- cleanup, leftovers, inspect ----------------------------------------------------------------
+
+
+def programmed_seam(objs: list[dict[str, Any]], packets: int = 0) -> MemorySeam:
+    """A seam whose save shows what a full sync of ``objs`` wrote (and kubelet's chain)."""
+    seam = MemorySeam()
+    be, cluster = setup(seam, objs)
+    (plan,) = observed(be, cluster, full=True).plans
+    kubelet = {"filter": [":KUBE-FIREWALL - [0:0]", "[0:0] -A INPUT -j KUBE-FIREWALL"]}
+    text = saved_after(plan, packets)
+    text = text.replace("*filter\n", "*filter\n" + "\n".join(kubelet["filter"][:1]) + "\n", 1)
+    text = text.replace("COMMIT\n", kubelet["filter"][1] + "\nCOMMIT\n", 1)
+    return MemorySeam({V4: text})
+
+
+def test_leftovers_and_cleanup_name_every_chain_and_jump_of_the_mode() -> None:
+    seam = programmed_seam(objects(node_port=30080, type="NodePort"))
+    be, _ = setup(seam)
+    found = be.leftovers()
+    assert f"iptables nat chain {names.service_chain(WEB)}" in found
+    assert "iptables nat jump PREROUTING -> KUBE-SERVICES" in found
+    assert "iptables mangle chain KUBE-PROXY-CANARY" in found
+    assert not [line for line in found if "KUBE-FIREWALL" in line]
+    report = be.cleanup()
+    assert report.mode == "iptables" and list(report.removed) == found
+    ((family, text),) = seam.restores
+    assert family is V4 and f"-X {names.service_chain(WEB)}" in text
+    assert "-D INPUT -j KUBE-FIREWALL" not in text and "-X KUBE-FIREWALL" not in text
+
+
+def test_nothing_to_clean_up() -> None:
+    seam = MemorySeam()
+    be, _ = setup(seam)
+    assert be.leftovers() == [] and be.cleanup().removed == () and not seam.restores
+
+
+def test_inspect_reads_the_shares_targets_and_counters() -> None:
+    seam = programmed_seam(
+        objects(
+            endpoints=3,
+            sessionAffinity="ClientIP",
+            sessionAffinityConfig={"clientIP": {"timeoutSeconds": 300}},
+        ),
+        packets=5,
+    )
+    be, _ = setup(seam)
+    (found,) = be.inspect(WEB) or []
+    assert found.service == "ns/web:p80" and found.family is V4
+    assert [e.target for e in found.endpoints] == [f"10.128.0.{i}:8080" for i in (1, 2, 3)]
+    assert [e.share for e in found.endpoints] == pytest.approx([1 / 3] * 3, abs=1e-6)
+    assert [e.packets for e in found.endpoints] == [5, 5, 5]
+    assert found.masquerade and found.affinity_seconds == 300
+    assert found.packets == 5 * len(found.entries) and found.entries
+    assert found.objects[0] == names.service_chain(WEB) and len(found.objects) == 4
+    assert (V4, "nat", True) in seam.saves
+    other = ServicePortName("ns", "other", "p80", Protocol.TCP)
+    assert be.inspect(other) == []
+
+
+def test_saved_ruleset_parses_counters() -> None:
+    text = (
+        "*nat\n:PREROUTING ACCEPT [3:180]\n:KUBE-X - [0:0]\n"
+        "[3:180] -A PREROUTING -j KUBE-X\nCOMMIT\n"
+    )
+    saved = SavedRuleset.parse(text)
+    assert saved.chains["nat"] == {"PREROUTING", "KUBE-X"}
+    assert saved.rules["nat"] == ["-A PREROUTING -j KUBE-X"]
+    assert saved.counted("nat") == [("-A PREROUTING -j KUBE-X", (3, 180))]
