@@ -128,10 +128,11 @@ def bench_size(n: int, repeat: int, work: Path, slow_max: int) -> dict[str, Any]
         state = ClusterState(NODE, families=state.families[:1])
         source = ManifestSource(ws.folder, state)
         source.load()
-        backend = NftablesBackend(BackendContext(cfg, NODE, families=state.families, netns=ns))
+        kernel = NftKernel(ns)
+        backend = NftablesBackend(
+            BackendContext(cfg, NODE, families=state.families, netns=ns, kernel=kernel)
+        )
         backend.prepare()
-        kernel = backend._kernel
-        assert isinstance(kernel, NftKernel)
         proxier = Proxier(state, backend)
         assert proxier.sync(full=True)
         version = 0
@@ -144,7 +145,8 @@ def bench_size(n: int, repeat: int, work: Path, slow_max: int) -> dict[str, Any]
                 state.set_endpoint_slice(cluster(1, version=version)[1])
                 with collector_paused():
                     t0 = time.perf_counter()
-                    r = backend.render(state.checkout())
+                    checkout = state.checkout()
+                    r = backend.render(checkout, backend.observe(checkout))
                     t1 = time.perf_counter()
                     backend.apply(r)
                     t2 = time.perf_counter()
