@@ -1,0 +1,35 @@
+"""In-memory kernels for tests and plugin authors: ``FakeIptables`` and ``FakeNftables``.
+
+They implement the text-level kernel seams of the netfilter backends (the iptables mode's
+``IptablesSeam``, the nftables mode's ``NftSeam``) as independent models of what
+iptables-restore/-save and nft do, so a backend runs without root and without a kernel::
+
+    from kubeplex.core.dataplane.backend import BackendContext
+    from kubeplex.testing import fakes
+
+    kernel = fakes.for_mode("nftables")          # a fresh FakeNftables
+    ctx = BackendContext(config, node_name="node-1", kernel=kernel)
+    backend = plugin_class(ctx)
+    rendered = backend.render(state, backend.observe(state))
+    backend.apply(rendered)
+    assert kernel.inputs() == list(rendered.kernel_inputs())
+
+Each fake keeps a log of every input it received and says in its docstring what it cannot
+model (packets, above all).
+"""
+
+from __future__ import annotations
+
+from kubeplex.testing.fakes.iptables import FakeIptables
+from kubeplex.testing.fakes.nftables import FakeNftables
+
+__all__ = ["FakeIptables", "FakeNftables", "for_mode"]
+
+
+def for_mode(mode: str) -> FakeIptables | FakeNftables | None:
+    """A fresh fake kernel for ``mode`` ("iptables", "nftables"); None for other modes."""
+    if mode == "iptables":
+        return FakeIptables()
+    if mode == "nftables":
+        return FakeNftables()
+    return None
