@@ -1,18 +1,18 @@
-"""The iptables backend on the v2 contract, against an in-memory seam (no root): observe reads
-only for full renders, the observed render holds everything apply sends, apply adds nothing;
-metric families and samples; cleanup, leftovers and inspect read back iptables-save text."""
+"""The iptables backend on the v2 contract, against the in-memory iptables (no root): observe
+reads only for full renders, the observed render holds everything apply sends, apply adds
+nothing; metric families and samples; cleanup, leftovers and inspect read the rules back."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from render_kit import V4, V6, config, endpoint_slice, ep, port, service
 
 import kubeplex.backends.iptables.render as render_module
 from kubeplex.backends.iptables import ROUTE_LOCALNET, IptablesBackend, names
-from kubeplex.backends.iptables.render import FamilyPlan, IptablesRendered
+from kubeplex.backends.iptables.render import IptablesRendered
 from kubeplex.backends.netfilter.iptables import Iptables, SavedRuleset
 from kubeplex.core.dataplane.backend import (
     BackendContext,
@@ -23,84 +23,33 @@ from kubeplex.core.dataplane.backend import (
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.types import IPFamily, Protocol, ServicePortName
+from kubeplex.testing.fakes import FakeIptables
 
 NODE = "node-a"
 CFG = config({"clusterCIDR": "10.128.0.0/9"})
-BUILTIN = {
-    "filter": ("INPUT", "FORWARD", "OUTPUT"),
-    "nat": ("PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"),
-    "mangle": ("PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"),
-}
 
 
-class MemorySeam:
-    """Just enough of an IptablesSeam: save answers ``saved`` (per family), restore records."""
+class Seam(FakeIptables):
+    """The in-memory iptables, counting its reads, and refusing every restore when told."""
 
-    writes: ClassVar[tuple[str, ...]] = ("restore",)
-
-    def __init__(self, saved: Mapping[IPFamily, str] | None = None) -> None:
-        self.saved = dict(saved or {})
+    def __init__(self) -> None:
+        super().__init__(addresses=("127.0.0.1", "192.168.0.2", "::1"))
         self.saves: list[tuple[IPFamily, str | None, bool]] = []
-        self.restores: list[tuple[IPFamily, str]] = []
-        self.sysctls: list[tuple[str, str]] = []
-        self.nfacct: dict[str, int] = {}
         self.address_reads = 0
         self.refuse = False
 
     def save(self, family: IPFamily, table: str | None = None, counters: bool = False) -> str:
         self.saves.append((family, table, counters))
-        return self.saved.get(family, empty_save())
+        return super().save(family, table, counters)
 
     def restore(self, family: IPFamily, text: str) -> None:
         if self.refuse:
             raise BackendError("iptables-restore: line 2 failed")
-        self.restores.append((family, text))
-
-    def restore_command(self, family: IPFamily) -> str:
-        return "ip6tables-restore" if family is IPFamily.IPv6 else "iptables-restore"
+        super().restore(family, text)
 
     def interface_addresses(self) -> tuple[str, ...]:
         self.address_reads += 1
-        return ("127.0.0.1", "192.168.0.2", "::1")
-
-    def sysctl(self, key: str, value: str) -> None:
-        self.sysctls.append((key, value))
-
-    def ensure_nfacct(self, counters: tuple[str, ...]) -> frozenset[str]:
-        return frozenset(counters)
-
-    def read_nfacct(self, name: str) -> int | None:
-        return self.nfacct.get(name)
-
-
-def empty_save(extra: Mapping[str, Iterable[str]] | None = None) -> str:
-    """iptables-save of a node without our chains; ``extra`` lines per table."""
-    out = []
-    for table, chains in BUILTIN.items():
-        out.append(f"*{table}")
-        out += [f":{c} ACCEPT [0:0]" for c in chains]
-        out += list((extra or {}).get(table, ()))
-        out.append("COMMIT")
-    return "\n".join(out) + "\n"
-
-
-def saved_after(plan: FamilyPlan, packets: int = 0) -> str:
-    """iptables-save -c (restore-form rules) of a node where ``plan`` and its prelude ran."""
-    out = []
-    for table, chains in (("filter", plan.filter), ("nat", plan.nat), ("mangle", {})):
-        out.append(f"*{table}")
-        out += [f":{c} ACCEPT [0:0]" for c in BUILTIN[table]]
-        pre = plan.prelude.get(table, [])
-        out += [line for line in pre if line.startswith(":")]
-        out += [f":{c} - [0:0]" for c in chains]
-        for line in pre:
-            if line.startswith("-I "):
-                head, _, rest = line[3:].partition(" 1 ")
-                out.append(f"[0:0] -A {head} {rest}")
-        for rules in chains.values():
-            out += [f"[{packets}:{packets * 60}] {r}" for r in rules]
-        out.append("COMMIT")
-    return "\n".join(out) + "\n"
+        return super().interface_addresses()
 
 
 def objects(endpoints: int = 1, port_number: int = 80, **spec: Any) -> list[dict[str, Any]]:
@@ -115,7 +64,7 @@ WEB = ServicePortName("ns", "web", "p80", Protocol.TCP)
 
 
 def setup(
-    seam: MemorySeam, objs: Iterable[Mapping[str, Any]] = (), families: tuple[IPFamily, ...] = (V4,)
+    seam: Seam, objs: Iterable[Mapping[str, Any]] = (), families: tuple[IPFamily, ...] = (V4,)
 ) -> tuple[IptablesBackend, ClusterState]:
     be = IptablesBackend(BackendContext(CFG, NODE, families, kernel=seam))
     be.prepare()
@@ -146,7 +95,7 @@ def test_the_real_seam_writes_through_restore() -> None:
 
 
 def test_observe_reads_the_kernel_only_for_a_full_render() -> None:
-    seam = MemorySeam()
+    seam = Seam()
     be, cluster = setup(seam, objects(), (V4, V6))
     state = cluster.checkout(full=True)
     seen = be.observe(state)
@@ -163,7 +112,9 @@ def test_observe_reads_the_kernel_only_for_a_full_render() -> None:
 
 def test_the_observed_render_holds_everything_apply_sends() -> None:
     leftover = "KUBE-SVC-LEFTOVER00000000"
-    seam = MemorySeam({V4: empty_save({"nat": [f":{leftover} - [0:0]"]})})
+    seam = Seam()
+    seam.restore(V4, f"*nat\n:{leftover} - [0:0]\nCOMMIT\n")
+    seam.log.clear()
     be, cluster = setup(seam, objects(node_port=30080, type="NodePort"))
     rendered = observed(be, cluster, full=True)
     (plan,) = rendered.plans
@@ -180,14 +131,16 @@ def test_the_observed_render_holds_everything_apply_sends() -> None:
     assert f"-X {leftover}" in lines
 
     be.apply(rendered)
-    assert [t for _, t in seam.restores] == list(rendered.kernel_inputs())
+    assert seam.inputs() == list(rendered.kernel_inputs())
     assert "".join(line + "\n" for line in lines[2:]) == "".join(rendered.kernel_inputs())
-    assert seam.sysctls == [(ROUTE_LOCALNET, "1")]
+    assert seam.sysctls == {ROUTE_LOCALNET: "1"}
+    assert leftover not in seam.chains(V4, "nat")
+    assert names.CANARY in seam.chains(V4, "mangle")
     assert str(rendered) == text  # apply added nothing
 
 
 def test_without_an_observation_the_render_is_the_plain_one() -> None:
-    seam = MemorySeam()
+    seam = Seam()
     be, cluster = setup(seam, objects())
     rendered = be.render(cluster.checkout(full=True))
     (plan,) = rendered.plans
@@ -199,16 +152,16 @@ def test_without_an_observation_the_render_is_the_plain_one() -> None:
 
 
 def test_a_partial_render_prints_what_it_sends() -> None:
-    seam = MemorySeam()
+    seam = Seam()
     be, cluster = setup(seam, objects())
     be.sync(cluster.checkout(full=True))
-    seam.restores.clear()
+    seam.log.clear()
     feed(cluster, objects(endpoints=2))
     rendered = observed(be, cluster)
     assert not rendered.full
     be.apply(rendered)
     body = "".join(ln + "\n" for ln in str(rendered).splitlines() if not ln.startswith("#"))
-    assert [t for _, t in seam.restores] == [body]
+    assert seam.inputs() == [body]
     # Nothing changed: nothing is sent, the print is the header alone.
     quiet = observed(be, cluster)
     assert quiet.kernel_inputs() == []
@@ -216,7 +169,7 @@ def test_a_partial_render_prints_what_it_sends() -> None:
 
 
 def test_a_large_plan_prints_each_batch() -> None:
-    seam = MemorySeam()
+    seam = Seam()
     be, cluster = setup(seam, objects(endpoints=30))
     rendered = observed(be, cluster, full=True)
     with pytest.MonkeyPatch.context() as mp:
@@ -231,7 +184,7 @@ def test_a_large_plan_prints_each_batch() -> None:
 
 
 def test_a_refused_restore_fails_its_family_and_the_next_render_is_full() -> None:
-    seam = MemorySeam()
+    seam = Seam()
     be, cluster = setup(seam, objects(), (V4, V6))
     be.sync(cluster.checkout(full=True))
     feed(cluster, objects(endpoints=2))
@@ -251,7 +204,7 @@ def test_a_refused_restore_fails_its_family_and_the_next_render_is_full() -> Non
 
 
 def test_metric_families_are_upstreams() -> None:
-    be, _ = setup(MemorySeam())
+    be, _ = setup(Seam())
     fams = {f.name: f for f in be.metric_families()}
     assert list(fams) == [
         "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
@@ -280,7 +233,7 @@ def test_metric_families_are_upstreams() -> None:
 
 
 def test_samples_and_no_local_endpoints_after_a_sync() -> None:
-    seam = MemorySeam()
+    seam = Seam()
     local = objects(externalTrafficPolicy="Local", type="NodePort", node_port=30080)
     local[1]["endpoints"][0]["nodeName"] = "other"
     be, cluster = setup(seam, local)
@@ -293,9 +246,10 @@ def test_samples_and_no_local_endpoints_after_a_sync() -> None:
 
 
 def test_scrape_reads_the_nfacct_counters_it_can() -> None:
-    seam = MemorySeam()
-    seam.nfacct = {"ct_state_invalid_dropped_pkts": 7}
-    be, _ = setup(seam)
+    seam = Seam()
+    be, _ = setup(seam)  # prepare() made both counters
+    assert seam.nfacct == {"ct_state_invalid_dropped_pkts": 0, "localhost_nps_accepted_pkts": 0}
+    seam.nfacct = {"ct_state_invalid_dropped_pkts": 7}  # the other one unreadable
     assert list(be.scrape()) == [
         Sample("kubeproxy_iptables_ct_state_invalid_dropped_packets_total", (), 7)
     ]
@@ -304,21 +258,18 @@ def test_scrape_reads_the_nfacct_counters_it_can() -> None:
 # --- cleanup, leftovers, inspect ----------------------------------------------------------------
 
 
-def programmed_seam(objs: list[dict[str, Any]], packets: int = 0) -> MemorySeam:
-    """A seam whose save shows what a full sync of ``objs`` wrote (and kubelet's chain)."""
-    seam = MemorySeam()
+def programmed(objs: list[dict[str, Any]]) -> tuple[IptablesBackend, Seam]:
+    """A node where a full sync of ``objs`` ran, with kubelet's chain beside ours."""
+    seam = Seam()
+    seam.restore(V4, "*filter\n:KUBE-FIREWALL - [0:0]\n-A INPUT -j KUBE-FIREWALL\nCOMMIT\n")
     be, cluster = setup(seam, objs)
-    (plan,) = observed(be, cluster, full=True).plans
-    kubelet = {"filter": [":KUBE-FIREWALL - [0:0]", "[0:0] -A INPUT -j KUBE-FIREWALL"]}
-    text = saved_after(plan, packets)
-    text = text.replace("*filter\n", "*filter\n" + "\n".join(kubelet["filter"][:1]) + "\n", 1)
-    text = text.replace("COMMIT\n", kubelet["filter"][1] + "\nCOMMIT\n", 1)
-    return MemorySeam({V4: text})
+    be.sync(cluster.checkout(full=True))
+    seam.log.clear()
+    return be, seam
 
 
 def test_leftovers_and_cleanup_name_every_chain_and_jump_of_the_mode() -> None:
-    seam = programmed_seam(objects(node_port=30080, type="NodePort"))
-    be, _ = setup(seam)
+    be, seam = programmed(objects(node_port=30080, type="NodePort"))
     found = be.leftovers()
     assert f"iptables nat chain {names.service_chain(WEB)}" in found
     assert "iptables nat jump PREROUTING -> KUBE-SERVICES" in found
@@ -326,32 +277,37 @@ def test_leftovers_and_cleanup_name_every_chain_and_jump_of_the_mode() -> None:
     assert not [line for line in found if "KUBE-FIREWALL" in line]
     report = be.cleanup()
     assert report.mode == "iptables" and list(report.removed) == found
-    ((family, text),) = seam.restores
-    assert family is V4 and f"-X {names.service_chain(WEB)}" in text
+    (text,) = seam.inputs()
+    assert f"-X {names.service_chain(WEB)}" in text
     assert "-D INPUT -j KUBE-FIREWALL" not in text and "-X KUBE-FIREWALL" not in text
+    assert be.leftovers() == []
+    assert seam.chains(V4, "filter") == {"INPUT", "FORWARD", "OUTPUT", "KUBE-FIREWALL"}
+    assert seam.rules(V4, "filter", "INPUT") == ["-A INPUT -j KUBE-FIREWALL"]
 
 
 def test_nothing_to_clean_up() -> None:
-    seam = MemorySeam()
+    seam = Seam()
     be, _ = setup(seam)
-    assert be.leftovers() == [] and be.cleanup().removed == () and not seam.restores
+    assert be.leftovers() == [] and be.cleanup().removed == () and not seam.log
 
 
 def test_inspect_reads_the_shares_targets_and_counters() -> None:
-    seam = programmed_seam(
+    be, seam = programmed(
         objects(
             endpoints=3,
             sessionAffinity="ClientIP",
             sessionAffinityConfig={"clientIP": {"timeoutSeconds": 300}},
-        ),
-        packets=5,
+        )
     )
-    be, _ = setup(seam)
+    for chain in seam.chains(V4, "nat"):
+        if chain.startswith(("KUBE-SEP-", "KUBE-SERVICES")):
+            for rule in seam.rules(V4, "nat", chain):
+                seam.set_counters(V4, "nat", rule, packets=5, bytes=300)
     (found,) = be.inspect(WEB) or []
     assert found.service == "ns/web:p80" and found.family is V4
     assert [e.target for e in found.endpoints] == [f"10.128.0.{i}:8080" for i in (1, 2, 3)]
     assert [e.share for e in found.endpoints] == pytest.approx([1 / 3] * 3, abs=1e-6)
-    assert [e.packets for e in found.endpoints] == [5, 5, 5]
+    assert [(e.packets, e.bytes) for e in found.endpoints] == [(5, 300)] * 3
     assert found.masquerade and found.affinity_seconds == 300
     assert found.packets == 5 * len(found.entries) and found.entries
     assert found.objects[0] == names.service_chain(WEB) and len(found.objects) == 4
