@@ -6,6 +6,7 @@ hooks beside the sync path (cleanup, leftovers, inspect) over a fake kernel."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from render_kit import endpoint_slice, ep
@@ -28,6 +29,7 @@ from kubeplex.core.dataplane.backend import (
 )
 from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.types import ServicePortName
+from kubeplex.testing.fakes import FakeNftables
 
 WEB1 = ServicePortName("ns1", "web", "p80")
 
@@ -280,3 +282,55 @@ def test_inspect_per_family_over_the_seam() -> None:
     assert h.backend.inspect(ServicePortName("ns9", "web", "p80")) == [
         programmed(ServicePortName("ns9", "web", "p80"), V4, LISTING)
     ]
+
+
+# --- over kubeplex.testing.fakes.FakeNftables ---------------------------------------------------
+
+
+def on_fake(objects: list[dict[str, Any]]) -> tuple[Harness, FakeNftables]:
+    fake = FakeNftables()
+    h = Harness(objects, families=(V4, V6))
+    h.backend = NftablesBackend(replace(h.backend.ctx, kernel=fake))
+    return h, fake
+
+
+def test_the_printed_plan_is_what_the_fake_kernel_receives() -> None:
+    h, fake = on_fake(many_services(5))
+
+    def step(full: bool) -> str:
+        state = h.cluster.checkout(full=full)
+        rendered = h.backend.render(state, h.backend.observe(state))
+        before = len(fake.inputs())
+        h.backend.apply(rendered)
+        sent = fake.inputs()[before:]
+        assert sent == list(rendered.kernel_inputs()) and sent
+        printed = "".join(ln for ln in str(rendered).splitlines(True) if not ln.startswith("#"))
+        assert printed == "".join(sent)
+        return sent[-1]
+
+    step(full=True)
+    fake.run("add chain ip kube-proxy service-AAAAAAAA-old/gone/tcp/\n")
+    assert "delete chain ip kube-proxy service-AAAAAAAA-old/gone/tcp/\n" in step(full=True)
+    h.feed([endpoint_slice("ns2", "web", [ep("10.0.2.9", NODE)])])
+    h.cluster.delete_service("ns4", "web")
+    assert "10.0.2.9" in step(full=False)
+
+
+def test_cleanup_leftovers_and_inspect_on_the_fake() -> None:
+    h, fake = on_fake(many_services(3))
+    assert h.backend.leftovers() == [] and h.backend.inspect(WEB1) == []
+    h.backend.sync(h.cluster.checkout())
+    (found,) = h.backend.inspect(WEB1)
+    assert sorted(e.target for e in found.endpoints) == [
+        "10.0.1.1:80",
+        "10.0.1.2:80",
+        "10.0.1.3:80",
+    ]
+    assert all(e.share == pytest.approx(1 / 3) for e in found.endpoints)
+    assert found.masquerade and found.affinity_seconds is None
+    assert any("172.30.0.2 . tcp . 80 : goto service-" in e for e in found.entries)
+    both = ["nftables table ip kube-proxy", "nftables table ip6 kube-proxy"]
+    assert h.backend.leftovers() == both
+    assert list(h.backend.cleanup().removed) == both
+    assert h.backend.leftovers() == [] and h.backend.cleanup().removed == ()
+    assert fake.list("list tables") == ""
