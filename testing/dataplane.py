@@ -53,7 +53,7 @@ from kubeplex.core.config.kubeproxy import (
 )
 from kubeplex.core.daemon.proxier import Proxier
 from kubeplex.core.dataplane import plugins
-from kubeplex.core.dataplane.backend import Backend, BackendContext, SyncResult
+from kubeplex.core.dataplane.backend import Backend, BackendContext, CleanupReport, SyncResult
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.errors import InvalidObject, KubeplexError
 from kubeplex.core.model.graph import ProxyState
@@ -436,12 +436,13 @@ class NodeAgent:
     def last_error(self) -> str:
         return str(self.proxier.status.last_error)
 
-    def cleanup(self) -> None:
-        """Remove everything the backend programmed on this node (``kubeplex cleanup``).
+    def cleanup(self) -> CleanupReport:
+        """Remove everything the backend programmed on this node (``kubeplex cleanup``), and
+        say what was removed.
 
         The agent keeps its objects; ``sync(full=True)`` programs them all again.
         """
-        self.backend.cleanup()
+        return self.backend.cleanup()
 
 
 # -------------------------------------------------------------------------------------- cluster

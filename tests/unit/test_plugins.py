@@ -222,8 +222,13 @@ def test_listed_plugin_loads_through_its_real_entry_point(tmp_path: Path, exampl
 def test_listed_plugin_passes_the_render_contract(tmp_path: Path, example: None) -> None:
     trust = write_trust(tmp_path / "p.toml", RECORDING)
     results = conformance.run("recording", plugins_file=trust)
-    assert [(r.name, r.outcome) for r in results if r.outcome != "pass"] == []
+    # It has no kernel seam to watch apply through; everything else passes.
+    assert [(r.name, r.outcome) for r in results if r.outcome != "pass"] == [
+        ("apply-sends-inputs", "skip")
+    ]
     assert len(results) == len(conformance.RENDER_CASES)
+    [skipped] = [r for r in results if r.outcome == "skip"]
+    assert skipped.detail == "the backend has no kernel seam (Backend.kernel is None)"
 
 
 def test_conformance_command(tmp_path: Path, example: None) -> None:
@@ -232,10 +237,12 @@ def test_conformance_command(tmp_path: Path, example: None) -> None:
     ok = subprocess.run([*cmd, "--plugins", str(trust)], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "render  partial-smaller        PASS" in ok.stdout
-    assert ok.stdout.rstrip().endswith("9 passed, 0 failed, 0 skipped")
+    assert "render  cleanup-report         PASS" in ok.stdout
+    assert ok.stdout.rstrip().endswith("11 passed, 0 failed, 1 skipped")
     refused = subprocess.run(cmd, capture_output=True, text=True)
     assert refused.returncode == 1
     assert "render/loads: fail: BackendRefused: backend 'recording' is installed" in refused.stdout
+    assert "render/cleanup-report: fail: not run: the backend does not load" in refused.stdout
 
 
 def test_unlisted_plugin_is_refused_and_never_imported(tmp_path: Path) -> None:
@@ -385,11 +392,11 @@ def test_render_exception_keeps_the_previous_rules_and_the_next_sync_is_full(
 
         renders = 0
 
-        def render(self, state: ProxyState) -> RecordingRendered:
+        def render(self, state: ProxyState, observed: object = None) -> RecordingRendered:
             self.renders += 1
             if self.renders == 2:
                 raise RuntimeError("simulated plugin bug in render")
-            return super().render(state)
+            return super().render(state, observed)
 
     out = tmp_path / "rules"
     trust = write_trust(
@@ -523,11 +530,32 @@ def test_kubeconfig_flag_overrides_the_configuration(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------ the kit on built-ins
+# The Linux backends run the whole kit in tests/kernel/test_conformance.py (its render cases
+# need no root); the others run the render suite here.
 
-test_builtin_render_contract_iptables = render_contract_tests("iptables")
-test_builtin_render_contract_nftables = render_contract_tests("nftables")
 test_builtin_render_contract_kernelspace = render_contract_tests("kernelspace")
-TestKernelConformanceIptables = kernel_tests("iptables")
+
+
+def test_every_in_tree_backend_runs_the_kit() -> None:
+    packaged = plugins.packaged_trust_file()
+    assert set(plugins.load_trust_list(packaged).backends) == {
+        *conformance.linux_modes(packaged),
+        "kernelspace",
+    }
+
+
+def test_the_kit_runs_as_a_test_class_of_a_plugin_package(example: None, tmp_path: Path) -> None:
+    """``kernel_tests`` gives a test class with one test per kernel case, marked kernel."""
+    trust = write_trust(tmp_path / "p.toml", RECORDING)
+    cls = kernel_tests("recording", plugins_file=trust)
+    assert cls.pytestmark[0].name == "kernel"
+    [marks] = [m for m in cls.test_kernel.pytestmark if m.name == "parametrize"]
+    assert [p.id for p in marks.args[1]] == [c.name for c in conformance.KERNEL_CASES]
+    results = conformance.run(
+        "recording", kernel=True, only=["clusterip-spread"], plugins_file=trust
+    )
+    assert [(r.name, r.outcome) for r in results] == [("clusterip-spread", "skip")]
+    assert "declares render-only" in results[0].detail
 
 
 # ------------------------------------------------------------------------------- packaging
@@ -550,7 +578,8 @@ def test_a_wheel_of_kubeplex_carries_the_trust_list(tmp_path: Path) -> None:
     [wheel] = tmp_path.glob("kubeplex-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "kubeplex/core/dataplane/plugins.toml" in names
-    assert "kubeplex/testing/conformance.py" in names
+    assert "kubeplex/testing/conformance/__init__.py" in names
+    assert "kubeplex/testing/conformance/__main__.py" in names
     with zipfile.ZipFile(wheel).open("kubeplex/core/dataplane/plugins.toml") as packaged:
         in_tree = ROOT / "core" / "dataplane" / "plugins.toml"
         assert packaged.read().decode() == in_tree.read_text()

@@ -13,7 +13,11 @@ A partial render holds only the changed service ports; nothing changed renders "
 render of it prints, to ``<directory>/<node>.jsonl`` (write to a temporary file, then rename:
 the old file stays if anything fails). The directory is ``directory`` in this backend's
 ``[backends.recording.options]`` of the trust list; without one, the state stays in memory
-(:attr:`RecordingBackend.applied_text`). ``cleanup`` deletes the file and forgets the state.
+(:attr:`RecordingBackend.applied_text`). ``cleanup`` deletes the file and forgets the state,
+and says so; ``leftovers`` names what is applied, ``inspect`` reads one service port back.
+
+It has no kernel seam (``Backend.kernel`` is None) and reads nothing before a render, so
+``observe`` is the default (None) and ``render`` ignores the observation.
 """
 
 from __future__ import annotations
@@ -26,7 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from kubeplex.core.dataplane import plugins
-from kubeplex.core.dataplane.backend import Backend, BackendContext, Rendered, SyncResult
+from kubeplex.core.dataplane.backend import (
+    Backend,
+    BackendContext,
+    CleanupReport,
+    EndpointView,
+    ProgrammedService,
+    Rendered,
+    SyncResult,
+)
 from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.graph import ProxyState, ServiceGraph
 from kubeplex.core.model.types import IPFamily, ServicePortName
@@ -114,7 +126,7 @@ class RecordingBackend(Backend):
 
     # --- render: pure -----------------------------------------------------------------------
 
-    def render(self, state: ProxyState) -> RecordingRendered:
+    def render(self, state: ProxyState, observed: Any = None) -> RecordingRendered:
         force, self._force_full = self._force_full, False
         families = []
         for family in self.ctx.families:
@@ -201,7 +213,8 @@ class RecordingBackend(Backend):
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def cleanup(self) -> None:
+    def cleanup(self) -> CleanupReport:
+        removed = self.leftovers()
         file = self.file
         if file is not None:
             try:
@@ -210,6 +223,41 @@ class RecordingBackend(Backend):
                 raise BackendError(f"recording: cannot delete {file}: {err}") from err
         self.applied = {}
         self.invalidate()
+        return CleanupReport(MODE, tuple(removed))
+
+    def leftovers(self) -> list[str]:
+        """The applied service ports, then the file that holds them."""
+        out = [
+            f"recording {family.value} service {key}"
+            for family in self.ctx.families
+            for key in sorted(self.applied.get(family, {}))
+        ]
+        file = self.file
+        if file is not None and file.exists():
+            out.append(f"recording file {file}")
+        return out
+
+    def inspect(self, service_port: ServicePortName) -> list[ProgrammedService]:
+        """What the applied state holds for ``service_port`` (from memory: it is the state)."""
+        out = []
+        for family in self.ctx.families:
+            line = self.applied.get(family, {}).get(str(service_port))
+            if line is None:
+                continue
+            doc = json.loads(line)
+            eps = doc["clusterEndpoints"]
+            out.append(
+                ProgrammedService(
+                    service=str(service_port),
+                    family=family,
+                    entries=(line,),
+                    endpoints=tuple(
+                        EndpointView(target=ep, share=1 / len(eps) if eps else None) for ep in eps
+                    ),
+                    affinity_seconds=doc["sessionAffinitySeconds"] or None,
+                )
+            )
+        return out
 
     def describe(self) -> list[str]:
         where = str(self.file) if self.file else "memory"
