@@ -47,6 +47,7 @@ Pass it as ``BackendContext(kernel=FakeNftables())`` to a backend whose seam is 
 
 from __future__ import annotations
 
+import builtins
 import ipaddress
 import re
 from collections.abc import Callable, Sequence
@@ -76,6 +77,10 @@ _COMMAND = re.compile(
 _WORD = re.compile(r"\S+")
 _VERDICTS = frozenset({"accept", "drop", "continue", "return", "queue"})
 _NAME = re.compile(r"^[A-Za-z_.][A-Za-z0-9_./-]*$|^[A-Za-z0-9][A-Za-z0-9_./-]*$")
+#: Rules that add to a set (``update @s { ... }``, ``add @s { ... }``) and the size nft gives
+#: such a set if it has none.
+_DYNSET = re.compile(r"\b(?:update|add)\s+@([^\s,{}\"]+)")
+DYNSET_SIZE = 65535
 #: The longest name of a table, chain or set (NFT_NAME_MAXLEN - 1).
 NAME_MAX = 255
 
@@ -301,6 +306,10 @@ class _Transaction:
         for used in set_refs(text):
             if used not in t.sets:
                 raise Refused(ENOENT, f"@{used}", kernel=False)
+        for used in _DYNSET.findall(text):
+            s = t.sets[used]
+            if s.size is None:
+                s.size = DYNSET_SIZE  # what nft gives a set that rules add to
         rule = Rule(self.fake.next_handle(), text)
         if verb == "insert":
             chain.rules.insert(0, rule)
@@ -467,6 +476,44 @@ def _message(lineno: int, line: str, err: Refused) -> str:
     return f"/dev/stdin:{lineno}:{start}-{end}: Error: {why}\n{line}\n{carets}"
 
 
+def _listed(all_tables: dict[tuple[str, str], Table], words: list[str], terse: bool) -> str:
+    """What one list command prints."""
+    if len(words) < 2 or words[0] != "list":
+        raise Refused("syntax error, not a list command", words[0] if words else None)
+    what, args = words[1], words[2:]
+    if what in ("tables", "ruleset", "chains", "sets", "maps"):
+        family = args[0] if args else None
+        tables = [t for t in all_tables.values() if family in (None, t.family)]
+        if what == "tables":
+            return "".join(f"table {t.family} {t.name}\n" for t in tables)
+        if what == "ruleset":
+            return "".join(t.listing(terse) for t in tables)
+        out = []
+        for t in tables:
+            if what == "chains":
+                lines = [ln for c in t.chains for ln in t.chain_block(c, rules=False)]
+            else:
+                kind = what[:-1]
+                names = [n for n, s in t.sets.items() if s.kind == kind]
+                lines = [ln for n in names for ln in t.set_block(n, terse)]
+            out.append(t.wrapped(lines))
+        return "".join(out)
+    family, rest = (args[0], args[1:]) if args and args[0] in FAMILIES else ("ip", args)
+    if not rest:
+        raise Refused("syntax error, unexpected newline")
+    table = all_tables.get((family, rest[0]))
+    if table is None:
+        raise Refused(ENOENT, rest[0])
+    if what == "table":
+        return table.listing(terse)
+    name = rest[1] if len(rest) > 1 else ""
+    if what == "chain" and name in table.chains:
+        return table.wrapped(table.chain_block(name, rules=True))
+    if what in ("set", "map") and name in table.sets and table.sets[name].kind == what:
+        return table.wrapped(table.set_block(name, terse))
+    raise Refused(ENOENT, name or what)
+
+
 class FakeNftables:
     """The ``NftSeam`` of a node, in memory (see the module docstring).
 
@@ -524,7 +571,7 @@ class FakeNftables:
         for line in commands.splitlines():
             if line.strip():
                 try:
-                    out.append(self._list(line.split(), terse))
+                    out.append(_listed(self.tables, line.split(), terse))
                 except Refused as err:
                     where = "nft -t" if terse else "nft -f"
                     carets = _message(1, line, err).split("\n", 1)[1]
@@ -533,45 +580,9 @@ class FakeNftables:
                     ) from None
         return "".join(out)
 
-    def _list(self, words: list[str], terse: bool) -> str:
-        if len(words) < 2 or words[0] != "list":
-            raise Refused("syntax error, not a list command", words[0] if words else None)
-        what, args = words[1], words[2:]
-        if what in ("tables", "ruleset", "chains", "sets", "maps"):
-            family = args[0] if args else None
-            tables = [t for t in self.tables.values() if family in (None, t.family)]
-            if what == "tables":
-                return "".join(f"table {t.family} {t.name}\n" for t in tables)
-            if what == "ruleset":
-                return "".join(t.listing(terse) for t in tables)
-            out = []
-            for t in tables:
-                if what == "chains":
-                    lines = [ln for c in t.chains for ln in t.chain_block(c, rules=False)]
-                else:
-                    kind = what[:-1]
-                    names = [n for n, s in t.sets.items() if s.kind == kind]
-                    lines = [ln for n in names for ln in t.set_block(n, terse)]
-                out.append(t.wrapped(lines))
-            return "".join(out)
-        family, rest = (args[0], args[1:]) if args and args[0] in FAMILIES else ("ip", args)
-        if not rest:
-            raise Refused("syntax error, unexpected newline")
-        t = self.tables.get((family, rest[0]))
-        if t is None:
-            raise Refused(ENOENT, rest[0])
-        if what == "table":
-            return t.listing(terse)
-        name = rest[1] if len(rest) > 1 else ""
-        if what == "chain" and name in t.chains:
-            return t.wrapped(t.chain_block(name, rules=True))
-        if what in ("set", "map") and name in t.sets and t.sets[name].kind == what:
-            return t.wrapped(t.set_block(name, terse))
-        raise Refused(ENOENT, name or what)
-
     # --- for tests --------------------------------------------------------------------------
 
-    def inputs(self) -> list[str]:
+    def inputs(self) -> builtins.list[str]:
         """Every transaction received (``run`` and each stage of ``run_stages``), in order,
         refused ones included."""
         return [text for text, _ in self.log]
