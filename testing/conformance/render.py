@@ -9,7 +9,6 @@ network, so it applies in place and skips those checks if that apply is refused.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -28,6 +27,7 @@ from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.graph import ProxyState
 from kubeplex.core.model.types import IPFamily, ServicePortName
+from kubeplex.testing import fakes
 from kubeplex.testing.conformance.common import Case, Skip, case, check, diff
 from kubeplex.testing.conformance.seams import Recorder, seam_of, swapped
 from kubeplex.testing.dataplane import endpoint, endpoint_slice, lab_config, node_object, service
@@ -109,12 +109,7 @@ def has_net_admin() -> bool:
 
 def fake_kernel(mode: str) -> object | None:
     """An in-memory kernel seam for ``mode`` from ``kubeplex.testing.fakes``, or None."""
-    try:
-        fakes = importlib.import_module("kubeplex.testing.fakes")
-    except ImportError:
-        return None
-    for_mode: Callable[[str], object | None] | None = getattr(fakes, "for_mode", None)
-    return for_mode(mode) if for_mode is not None else None
+    return fakes.for_mode(mode)
 
 
 @contextlib.contextmanager
