@@ -401,10 +401,28 @@ class NftablesBackend(FamilyBackend[FamilyRenderer]):
         """The families ("ip", "ip6") with a kube-proxy table on the node."""
         return kube_proxy_tables(self.kernel.list("list tables\n"))
 
+    def _artifacts(self, present: Sequence[str]) -> list[str]:
+        """The tables of ``present`` families and every chain, set and map in them."""
+        if not present:
+            return []
+        try:
+            listed = parse_listing(self.kernel.list(listing_commands(tuple(present)), terse=True))
+        except BackendError as err:  # the tables alone, then
+            log.warning("listing nftables objects failed: %s", err)
+            listed = {}
+        lines: list[str] = []
+        for fam in present:
+            lines.append(_table_line(fam))
+            objs = listed.get(fam, TableObjects())
+            for kind, found in (("chain", objs.chains), ("set", objs.sets), ("map", objs.maps)):
+                lines += [f"nftables {fam} {names.TABLE} {kind} {name}" for name in sorted(found)]
+        return lines
+
     def cleanup(self) -> CleanupReport:
         """Remove both kube-proxy tables (as upstream's CleanupLeftovers), whoever made them;
-        reports those that existed."""
+        reports those that existed, with what they held."""
         present = self._tables()
+        removed = self._artifacts(present)
         if present:
             # "add" first: a table removed meanwhile would fail the whole transaction.
             self.kernel.run(
@@ -415,10 +433,11 @@ class NftablesBackend(FamilyBackend[FamilyRenderer]):
             )
             log.info("removed nftables tables %s", ", ".join(f"{f} {names.TABLE}" for f in present))
         self.renderers.clear()
-        return CleanupReport(self.mode, tuple(_table_line(fam) for fam in present))
+        return CleanupReport(self.mode, tuple(removed))
 
     def leftovers(self) -> list[str]:
-        return [_table_line(fam) for fam in self._tables()]
+        """The kube-proxy tables on the node and every chain, set and map in them."""
+        return self._artifacts(self._tables())
 
     def inspect(self, service_port: ServicePortName) -> list[ProgrammedService]:
         out = []

@@ -25,6 +25,7 @@ from kubeplex.core.dataplane.backend import (
     EndpointView,
     MetricEvent,
     NoLocalEndpoints,
+    ProgrammedService,
     Sample,
 )
 from kubeplex.core.model.errors import BackendError
@@ -330,7 +331,15 @@ def test_cleanup_leftovers_and_inspect_on_the_fake() -> None:
     assert found.masquerade and found.affinity_seconds is None
     assert any("172.30.0.2 . tcp . 80 : goto service-" in e for e in found.entries)
     both = ["nftables table ip kube-proxy", "nftables table ip6 kube-proxy"]
-    assert h.backend.leftovers() == both
-    assert list(h.backend.cleanup().removed) == both
+    left = h.backend.leftovers()
+    assert [line for line in left if " table " in line] == both
+    # Every object of the Service is named, in the words of the cleanup report.
+    assert {f"nftables ip kube-proxy {kind} {name}" for kind, name in _kinds(found)} <= set(left)
+    assert list(h.backend.cleanup().removed) == left
     assert h.backend.leftovers() == [] and h.backend.cleanup().removed == ()
     assert fake.list("list tables") == ""
+
+
+def _kinds(found: ProgrammedService) -> list[tuple[str, str]]:
+    """(kind, name) of a programmed service's objects: affinity sets, else chains."""
+    return [("set" if n.startswith("affinity-") else "chain", n) for n in found.objects]
