@@ -1,4 +1,5 @@
-"""``kubeplex backends``: every installed or listed backend, its status and capabilities.
+"""``kubeplex backends``: every installed or listed backend, its status and capabilities, and
+the version of the backend contract this core speaks.
 
 Listed backends are imported and constructed (they are trusted) to prove they load and to ask
 their own requirements; an installed backend the trust list does not allow is shown as refused
@@ -12,14 +13,15 @@ import json
 import socket
 from typing import Any
 
+from kubeplex.core.cli.shared import EXIT_OK, Subparsers
 from kubeplex.core.config.kubeproxy import default_config, with_overrides
 from kubeplex.core.dataplane import plugins
-from kubeplex.core.dataplane.backend import BackendContext
+from kubeplex.core.dataplane.backend import CONTRACT_VERSION, BackendContext
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "backends", help="list the installed backends: allowed or refused, requirements, etc."
+def add_parser(sub: Subparsers, name: str) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        name, help="list the installed backends: allowed or refused, requirements, etc."
     )
     p.add_argument(
         "--plugins",
@@ -29,7 +31,7 @@ def add_parser(sub: Any) -> None:
         help="trust list of backends (default: the one `kubeplex run` would use)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(handler=run_backends)
+    return p
 
 
 def _context(mode: str) -> BackendContext:
@@ -38,18 +40,19 @@ def _context(mode: str) -> BackendContext:
     return BackendContext(config=cfg, node_name=socket.gethostname().strip().lower())
 
 
-def run_backends(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     trust = plugins.load_trust_list()
     found = plugins.survey(trust, _context)
     if args.json:
         print(json.dumps(as_json(trust, found), indent=2, sort_keys=True))
     else:
         print(table(trust, found), end="")
-    return 0
+    return EXIT_OK
 
 
 def as_json(trust: plugins.TrustList, found: list[plugins.BackendStatus]) -> dict[str, Any]:
     return {
+        "contractVersion": CONTRACT_VERSION,
         "trustList": {"path": trust.where, "origin": trust.origin},
         "backends": [
             {
@@ -70,7 +73,11 @@ def as_json(trust: plugins.TrustList, found: list[plugins.BackendStatus]) -> dic
 
 
 def table(trust: plugins.TrustList, found: list[plugins.BackendStatus]) -> str:
-    lines = [f"trust list: {trust.where} ({trust.origin})", ""]
+    lines = [
+        f"trust list: {trust.where} ({trust.origin})",
+        f"backend contract: version {CONTRACT_VERSION}",
+        "",
+    ]
     rows = [("MODE", "STATUS", "ENTRY POINT", "CAPABILITIES")]
     rows += [
         (s.mode, s.status, s.entry_point or "-", plugins.capability_names(s.capabilities))

@@ -1,43 +1,48 @@
 """``kubeplex lab``: the seed article's kind cluster, built from network namespaces in seconds.
 
 Two nodes with three agnhost-like pods and a client pod, programmed by kubeplex from the
-embedded manifests; then it shows what a reader of the articles wants to see: a Service's chain
-path, per-endpoint counters after N requests, a conntrack entry, and the NodePort client IP.
+embedded manifests; then it shows what a reader of the articles wants to see, in any mode:
+what the kernel holds for the Service (``Backend.inspect``: where traffic enters, the
+endpoints and their shares), per-endpoint counters after N requests, a conntrack entry, and
+the NodePort client IP.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
 
+from kubeplex.core.cli.shared import EXIT_OK, Subparsers
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration, load_config, with_overrides
 from kubeplex.core.daemon.proxier import Proxier
 from kubeplex.core.dataplane import plugins
-from kubeplex.core.dataplane.backend import BackendContext
+from kubeplex.core.dataplane.backend import BackendContext, EndpointView, ProgrammedService
 from kubeplex.core.model.cluster import ClusterState
+from kubeplex.core.model.types import ServicePortName
 from kubeplex.core.sources.manifests import ManifestSource
 
 CLUSTER_IP = "10.96.88.59"
 NODEPORT = 30080
+#: The Service behind CLUSTER_IP (one unnamed port).
+WEB = ServicePortName("default", "web")
 
 
 def lab_dir() -> Path:
     return Path(str(files("kubeplex.testing") / "lab"))
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "lab", help="build a two-node namespace cluster and program it with kubeplex"
+def add_parser(sub: Subparsers, name: str) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        name, help="build a two-node namespace cluster and program it with kubeplex"
     )
-    p.add_argument("--mode", default="iptables", help="dataplane to program (default iptables)")
+    p.add_argument("--mode", help="dataplane to program (default: the lab configuration's)")
     p.add_argument("--requests", type=int, default=300, help="requests to send to the ClusterIP")
     p.add_argument("--down", action="store_true", help="remove everything the lab made")
-    p.set_defaults(handler=run_lab)
+    return p
 
 
 def program_node(cfg: KubeProxyConfiguration, node: str, netns: str, manifests: Path) -> Proxier:
@@ -58,30 +63,72 @@ def _show(title: str, text: str) -> None:
     print(text.rstrip() or "(nothing)")
 
 
-def run_lab(args: argparse.Namespace) -> int:
+def _share(ep: EndpointView) -> str:
+    parts = [] if ep.share is None else [f"share {ep.share:.1%}"]
+    parts += [] if ep.weight is None else [f"weight {ep.weight}"]
+    parts += [] if ep.packets is None else [f"packets {ep.packets}"]
+    return f"  {ep.target:<22} {'  '.join(parts)}".rstrip()
+
+
+def describe_programmed(found: Sequence[ProgrammedService] | None) -> list[str]:
+    """Mode-neutral lines of what ``Backend.inspect`` found for one Service port."""
+    if found is None:
+        return ["(this backend cannot read back what it programmed)"]
+    if not found:
+        return ["(nothing programmed)"]
+    lines: list[str] = []
+    for ps in found:
+        lines.append(f"{ps.family.value}: where traffic enters")
+        lines += [f"  {entry}" for entry in ps.entries] or ["  (no entry)"]
+        lines.append(f"{ps.family.value}: endpoints")
+        lines += [_share(ep) for ep in ps.endpoints] or ["  (none)"]
+        lines.append(f"masquerade: {'marked' if ps.masquerade else 'not marked'}")
+        if ps.affinity_seconds is not None:
+            lines.append(f"session affinity: {ps.affinity_seconds} s")
+        if ps.packets is not None:
+            lines.append(f"packets at the entry: {ps.packets}")
+        if ps.objects:
+            lines.append(f"kernel objects: {', '.join(ps.objects)}")
+    return lines
+
+
+def _packets(found: Sequence[ProgrammedService] | None) -> dict[str, int]:
+    """Packets per endpoint target, where the kernel counts them."""
+    return {
+        ep.target: ep.packets for ps in found or () for ep in ps.endpoints if ep.packets is not None
+    }
+
+
+def _counted(before: dict[str, int], after: dict[str, int]) -> str:
+    if not after:
+        return "(this mode keeps no per-endpoint counter)"
+    return "\n".join(
+        f"{n - before.get(target, 0):7d} packets -> {target}" for target, n in sorted(after.items())
+    )
+
+
+def run(args: argparse.Namespace) -> int:
     from kubeplex.testing import netlab  # only the lab needs the namespace helpers
 
     if args.down:
         removed = netlab.down_all(netlab.LAB_PREFIX)
         print(f"removed {len(removed)} namespaces")
-        return 0
+        return EXIT_OK
     base = load_config(lab_dir() / "config.yaml", known_modes=plugins.known_modes())
     cfg = with_overrides(base, mode=args.mode, known_modes=plugins.known_modes())
     lab = netlab.Lab(prefix=netlab.LAB_PREFIX).up(replace=True)
     took = lab.timings.get("up", 0.0) * 1000
     print(f"lab up in {took:.0f} ms: namespaces {', '.join(lab.namespaces)}")
     node_ns = lab.namespace_of(netlab.NODE1)
-    for node in (netlab.NODE1, netlab.NODE2):
-        program_node(cfg, node, lab.namespace_of(node), lab_dir() / "manifests")
+    proxiers = {
+        node: program_node(cfg, node, lab.namespace_of(node), lab_dir() / "manifests")
+        for node in (netlab.NODE1, netlab.NODE2)
+    }
     print(f"programmed {netlab.NODE1} and {netlab.NODE2} in mode {cfg.mode}")
+    backend = proxiers[netlab.NODE1].backend
 
-    if cfg.mode == "iptables":
-        _iptables_trace(lab, node_ns)
-    elif cfg.mode == "nftables":
-        _show(
-            "nft list table ip kube-proxy",
-            lab.exec(node_ns, ["nft", "list", "table", "ip", "kube-proxy"]).stdout,
-        )
+    found = backend.inspect(WEB)
+    _show(f"what {netlab.NODE1} holds for {WEB}", "\n".join(describe_programmed(found)))
 
     client = lab.namespace_of(netlab.CLIENT_POD)
     results = lab.http(client, CLUSTER_IP, 80, "/hostname", count=args.requests, timeout=2.0)
@@ -90,12 +137,10 @@ def run_lab(args: argparse.Namespace) -> int:
         f"{args.requests} requests from the client pod to http://{CLUSTER_IP}/hostname",
         "\n".join(f"{n:7d} {body}" for body, n in sorted(tally.items())),
     )
-    if cfg.mode == "iptables":
-        svc_chain = _svc_chain(lab, node_ns)
-        _show(
-            f"iptables -t nat -L {svc_chain} -n -v",
-            lab.exec(node_ns, ["iptables", "-t", "nat", "-L", svc_chain, "-n", "-v"]).stdout,
-        )
+    _show(
+        f"what {netlab.NODE1} counted per endpoint of {WEB} for them",
+        _counted(_packets(found), _packets(backend.inspect(WEB))),
+    )
     _show(
         f"conntrack -L -d {CLUSTER_IP}",
         "\n".join(
@@ -113,34 +158,10 @@ def run_lab(args: argparse.Namespace) -> int:
         (seen[0].body or seen[0].outcome)
         + "   <- the node's address: the client IP was masqueraded",
     )
-    print("\nThe lab stays up; look around with e.g.")
-    if cfg.mode == "nftables":
-        print(f"  ip netns exec {node_ns} nft list table ip kube-proxy | grep default/web")
-    else:
-        print(f"  ip netns exec {node_ns} iptables-save -t nat | grep default/web")
+    print(f"\nThe lab stays up; look around with e.g.\n  ip netns exec {node_ns} bash")
+    about = list(backend.describe())
+    if about:
+        print(f"where mode {cfg.mode}:")
+        print("\n".join(f"  {line}" for line in about))
     print("and remove it with: kubeplex lab --down")
-    return 0
-
-
-def _svc_chain(lab: Any, node_ns: str) -> str:
-    save = lab.exec(node_ns, ["iptables", "-t", "nat", "-S", "KUBE-SERVICES"]).stdout
-    line = next(ln for ln in save.splitlines() if CLUSTER_IP in ln)
-    found = re.search(r"KUBE-SVC-[A-Z0-9]+", line)
-    assert found is not None
-    # Zeroed before the requests, so the counters show just this run.
-    return found.group(0)
-
-
-def _iptables_trace(lab: Any, node_ns: str) -> None:
-    """The seed's trace.sh: KUBE-SERVICES line, the KUBE-SVC chain, one KUBE-SEP DNAT."""
-
-    def save(*args: str) -> str:
-        return str(lab.exec(node_ns, ["iptables", "-t", "nat", "-S", *args]).stdout)
-
-    services = [ln for ln in save("KUBE-SERVICES").splitlines() if CLUSTER_IP in ln]
-    svc = _svc_chain(lab, node_ns)
-    svc_rules = [ln for ln in save(svc).splitlines() if ln.startswith("-A")]
-    sep = re.search(r"KUBE-SEP-[A-Z0-9]+", "\n".join(svc_rules))
-    dnat = [ln for ln in save(sep.group(0)).splitlines() if "DNAT" in ln] if sep else []
-    _show("chain path of default/web (iptables-save)", "\n".join(services + svc_rules + dnat))
-    lab.exec(node_ns, ["iptables", "-t", "nat", "-Z", svc])
+    return EXIT_OK

@@ -40,6 +40,7 @@ __all__ = [
     "API_VERSION",
     "DEFAULT_KNOWN_MODES",
     "KIND",
+    "MODE_SECTIONS",
     "ClientConnectionConfiguration",
     "DetectLocalConfiguration",
     "IPNetwork",
@@ -49,6 +50,7 @@ __all__ = [
     "KubeProxyIPVSConfiguration",
     "KubeProxyNFTablesConfiguration",
     "KubeProxyWinkernelConfiguration",
+    "active_section",
     "default_config",
     "format_duration",
     "load_config",
@@ -76,6 +78,15 @@ IPVS_SCHEDULERS = frozenset(
     {"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh", "twos"}
 )
 LOG_FORMATS = ("json", "text")
+#: The modes with a section of their own (validated only when the mode is active, as upstream
+#: does); every other mode reads, and is validated by, the iptables section. Which settings a
+#: backend takes from its section is the backend's business (``Backend.sync_periods``).
+MODE_SECTIONS: Mapping[str, str] = MappingProxyType({"ipvs": "ipvs", "nftables": "nftables"})
+#: nodePortAddresses when the file leaves it empty, for modes whose default is not "every
+#: address" (upstream's nftables mode listens on the node's primary addresses only).
+_MODE_NODE_PORT_DEFAULTS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"nftables": (NODE_PORT_PRIMARY,)}
+)
 _DURATION_HINT = 'must be a duration string such as "30s" or "1m30s"'
 
 
@@ -231,25 +242,6 @@ class KubeProxyConfiguration:
     # exactly as if they had been in the file.
     _document: Mapping[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
 
-    def sync_periods(self) -> tuple[float, float]:
-        """(syncPeriod, minSyncPeriod) in seconds of the section the active mode reads."""
-        if self.mode == "ipvs":
-            return self.ipvs.sync_period, self.ipvs.min_sync_period
-        if self.mode == "nftables":
-            return self.nftables.sync_period, self.nftables.min_sync_period
-        return self.iptables.sync_period, self.iptables.min_sync_period
-
-    def masquerade_bit(self) -> int:
-        """The fwmark bit for SNAT; ipvs mode, like upstream, uses the iptables section's."""
-        if self.mode == "nftables":
-            return self.nftables.masquerade_bit
-        return self.iptables.masquerade_bit
-
-    def masquerade_all(self) -> bool:
-        if self.mode == "nftables":
-            return self.nftables.masquerade_all
-        return self.iptables.masquerade_all
-
     @property
     def node_port_cidrs(self) -> tuple[IPNetwork, ...]:
         """nodePortAddresses without the "primary" keyword, parsed."""
@@ -385,9 +377,7 @@ def _runtime_defaults(
             return f"{host}:{port}"
         return _append_port_if_needed(current, port)
 
-    node_port_addresses = cfg.node_port_addresses
-    if mode == "nftables" and not node_port_addresses:
-        node_port_addresses = (NODE_PORT_PRIMARY,)
+    node_port_addresses = cfg.node_port_addresses or _MODE_NODE_PORT_DEFAULTS.get(mode, ())
     return replace(
         cfg,
         mode=mode,
@@ -414,21 +404,12 @@ def _validate(cfg: KubeProxyConfiguration, known_modes: frozenset[str], errs: _E
 
     # Like upstream: the iptables masquerade bit always, the rest only for the active mode.
     _check_range(errs, "iptables.masqueradeBit", cfg.iptables.masquerade_bit, 0, 31)
-    section = cfg.mode if cfg.mode in ("ipvs", "nftables") else "iptables"
-    _check_sync_periods(errs, section, *cfg.sync_periods())
-    if cfg.mode == "nftables":
-        _check_range(errs, "nftables.masqueradeBit", cfg.nftables.masquerade_bit, 0, 31)
-    if cfg.mode == "ipvs":
-        ipvs = cfg.ipvs
-        _check_min(errs, "ipvs.tcpTimeout", ipvs.tcp_timeout)
-        _check_min(errs, "ipvs.tcpFinTimeout", ipvs.tcp_fin_timeout)
-        _check_min(errs, "ipvs.udpTimeout", ipvs.udp_timeout)
-        if ipvs.scheduler and ipvs.scheduler not in IPVS_SCHEDULERS:
-            errs.add(
-                "ipvs.scheduler",
-                f"unknown IPVS scheduler {_show(ipvs.scheduler)}, must be one of: "
-                + ", ".join(sorted(IPVS_SCHEDULERS)),
-            )
+    section = active_section(cfg.mode)
+    periods = getattr(cfg, section)
+    _check_sync_periods(errs, section, periods.sync_period, periods.min_sync_period)
+    check = _SECTION_CHECKS.get(section)
+    if check is not None:
+        check(cfg, errs)
 
     ct = cfg.conntrack
     _check_min(errs, "conntrack.maxPerCore", ct.max_per_core)
@@ -488,6 +469,35 @@ def _validate(cfg: KubeProxyConfiguration, known_modes: frozenset[str], errs: _E
             "detectLocal.interfaceNamePrefix",
             "must not be empty when detectLocalMode is InterfaceNamePrefix",
         )
+
+
+def active_section(mode: str) -> str:
+    """The configuration section ``mode`` reads (see MODE_SECTIONS)."""
+    return MODE_SECTIONS.get(mode, "iptables")
+
+
+def _check_nftables(cfg: KubeProxyConfiguration, errs: _Errors) -> None:
+    _check_range(errs, "nftables.masqueradeBit", cfg.nftables.masquerade_bit, 0, 31)
+
+
+def _check_ipvs(cfg: KubeProxyConfiguration, errs: _Errors) -> None:
+    ipvs = cfg.ipvs
+    _check_min(errs, "ipvs.tcpTimeout", ipvs.tcp_timeout)
+    _check_min(errs, "ipvs.tcpFinTimeout", ipvs.tcp_fin_timeout)
+    _check_min(errs, "ipvs.udpTimeout", ipvs.udp_timeout)
+    if ipvs.scheduler and ipvs.scheduler not in IPVS_SCHEDULERS:
+        errs.add(
+            "ipvs.scheduler",
+            f"unknown IPVS scheduler {_show(ipvs.scheduler)}, must be one of: "
+            + ", ".join(sorted(IPVS_SCHEDULERS)),
+        )
+
+
+#: The checks of a section beyond its sync periods, run when its mode is active.
+_SECTION_CHECKS: Mapping[str, Callable[[KubeProxyConfiguration, _Errors], None]] = {
+    "nftables": _check_nftables,
+    "ipvs": _check_ipvs,
+}
 
 
 def _show_number(value: float) -> str:

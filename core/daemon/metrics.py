@@ -1,26 +1,21 @@
 """Prometheus metrics with upstream kube-proxy's names, types, buckets and labels.
 
 Everything lives on the ``CollectorRegistry`` of one ``ProxyMetrics`` (no module-level
-state), so tests and several in-process proxies can each have their own. The set, including
-which modes register which metrics, follows pkg/proxy/metrics in current Kubernetes, with the
+state), so tests and several in-process proxies can each have their own. The families every
+mode has are registered here, as pkg/proxy/metrics in current Kubernetes does, with the
 ``ip_family`` label upstream added when it made every backend dual-stack; ``process_*`` and
-``python_*`` stand in for the Go runtime's ``process_*`` and ``go_*``.
+``python_*`` stand in for the Go runtime's ``process_*`` and ``go_*``. The rest is the
+backend's: the families of its ``metric_families()`` (in its order, after the common ones),
+the conntrack reconciler's only if it ``uses_conntrack``.
 
-``ProxyMetrics.sync_listener`` is a ``SyncListener``: it reads the ProxyState and the backend's
-``SyncResult.counts``. Counts it understands, per IP family value ``F`` (``IPv4``/``IPv6``):
-
-* ``no_local_endpoints_internal_F`` / ``no_local_endpoints_external_F`` — Services with a
-  Local traffic policy and no local endpoint (computed from the graph when absent);
-* ``iptables_total_TABLE_F`` / ``iptables_last_TABLE_F`` — rules owned in, and rules written
-  to, ``TABLE`` (``filter``, ``nat``) by the last sync (left unset when absent).
-* ``nftables_cleanup_failures_F`` — stale nftables objects that could not be removed, or
-  listings of the table that failed, since the last successful sync (added to the counter).
+A contributed family is fed by the typed fields of ``SyncResult`` (``samples``), by the
+daemon's events (``MetricFamily.on``: failed syncs and sync durations), or, if ``scraped``,
+by ``Backend.scrape()`` at every scrape (nothing is exported while it gives no sample).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -34,22 +29,26 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from kubeplex.core.daemon.healthcheck import App, HTTPServing, Response
-from kubeplex.core.dataplane import execer
-from kubeplex.core.dataplane.backend import SyncResult
+from kubeplex.core.dataplane.backend import (
+    Backend,
+    MetricEvent,
+    MetricFamily,
+    NoLocalEndpoints,
+    Sample,
+    SyncResult,
+)
 from kubeplex.core.model.graph import ProxyState, ServiceGraph
 from kubeplex.core.model.types import IPFamily
 
 log = logging.getLogger(__name__)
 
 SUBSYSTEM = "kubeproxy"
-#: Upstream's nfacct counter names (the iptables rules count into them).
-NFACCT_CT_STATE_INVALID_DROPPED = "ct_state_invalid_dropped_pkts"
-NFACCT_LOCALHOST_NODEPORTS_ACCEPTED = "localhost_nps_accepted_pkts"
 
 #: metrics.ExponentialBuckets(0.001, 2, 15): 1 ms .. 16.384 s.
 SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))
@@ -62,53 +61,46 @@ NETWORK_PROGRAMMING_BUCKETS = (
     *(float(s) for s in range(60, 116, 5)),
     *(float(s) for s in range(120, 301, 30)),
 )
-IPTABLES_TABLES = ("filter", "nat")
 TRAFFIC_POLICIES = ("internal", "external")
-
-#: Reads an nfacct counter's packet count (None: it could not be read).
-NfacctReader = Callable[[str], int | None]
-
-_NFACCT_PKTS = re.compile(r"pkts\s*=\s*(\d+)")
+#: The label of the families the daemon's events feed (or none at all).
+_EVENT_LABELS = (("ip_family",), ())
 
 
-def read_nfacct(name: str, netns: str | None = None, timeout: float = 5.0) -> int | None:
-    """Packets of nfacct counter ``name`` (``nfacct get``), in ``netns``; None if unreadable."""
-    try:
-        proc = execer.run(["nfacct", "get", name], netns, check=False, timeout=timeout)
-    except Exception as err:
-        log.debug("nfacct get %s: %s", name, err)
-        return None
-    m = _NFACCT_PKTS.search(proc.stdout) if proc.returncode == 0 else None
-    if m is None:
-        log.debug("nfacct get %s failed: %s", name, (proc.stderr or proc.stdout).strip())
-        return None
-    return int(m.group(1))
+class ScrapedFamilies(Collector):
+    """The backend's ``scraped`` families, read through one ``Backend.scrape()`` per scrape
+    (upstream's nfacctMetricCollector, for any mode). A family without a sample is left out;
+    so is everything while ``scrape`` fails."""
 
+    def __init__(self, backend: Backend, specs: Sequence[MetricFamily]) -> None:
+        self.backend = backend
+        self.specs = tuple(specs)
 
-class NfacctCollector(Collector):
-    """A counter read at scrape time from an nfacct object (upstream's nfacctMetricCollector).
-
-    Nothing is exported while the counter cannot be read (no nfacct, no such object).
-    """
-
-    def __init__(self, name: str, documentation: str, counter: str, reader: NfacctReader) -> None:
-        self.name = name
-        self.documentation = documentation
-        self.counter = counter
-        self.reader = reader
+    def _family(self, spec: MetricFamily) -> CounterMetricFamily | GaugeMetricFamily:
+        kind = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+        return kind(spec.name, spec.help, labels=spec.labels)
 
     def describe(self) -> Iterable[Metric]:
-        return [CounterMetricFamily(self.name, self.documentation)]
+        return [self._family(spec) for spec in self.specs]
 
     def collect(self) -> Iterable[Metric]:
         try:
-            packets = self.reader(self.counter)
+            samples = list(self.backend.scrape())
         except Exception:
-            log.exception("reading nfacct counter %s failed", self.counter)
-            packets = None
-        if packets is None:
+            log.exception("reading the %s backend's counters failed", self.backend.mode)
             return []
-        return [CounterMetricFamily(self.name, self.documentation, value=packets)]
+        values: dict[str, dict[tuple[str, ...], float]] = {}
+        for sample in samples:
+            values.setdefault(sample.family, {})[sample.labels] = sample.value
+        out: list[Metric] = []
+        for spec in self.specs:
+            found = values.get(spec.name)
+            if not found:
+                continue
+            family = self._family(spec)
+            for labels, value in found.items():
+                family.add_metric(list(labels), value)
+            out.append(family)
+        return out
 
 
 class _WithoutCreated(Collector):
@@ -141,22 +133,22 @@ def no_local_endpoints(graph: ServiceGraph) -> tuple[int, int]:
 class ProxyMetrics:
     """kube-proxy's metrics on a private registry, and the hooks that update them.
 
-    ``mode`` selects the mode-specific metrics as upstream's RegisterMetrics does; ``netns`` is
-    where the nfacct counters are read (the node's namespace); ``clock`` gives wall-clock
-    seconds for the timestamp gauges and the network programming latency.
+    The families every mode has, plus what ``backend`` contributes (see the module doc);
+    ``clock`` gives wall-clock seconds for the timestamp gauges and the network programming
+    latency.
     """
 
     def __init__(
         self,
-        mode: str = "iptables",
+        backend: Backend,
         *,
         registry: CollectorRegistry | None = None,
-        netns: str | None = None,
-        nfacct_reader: NfacctReader | None = None,
         process_collectors: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.mode = mode
+        self.backend = backend
+        #: What /proxyMode answers.
+        self.mode = backend.mode
         self.registry = registry if registry is not None else CollectorRegistry()
         self.clock = clock
         self._lock = threading.Lock()
@@ -230,7 +222,7 @@ class ProxyMetrics:
         )
         self.conntrack_reconciler_sync_duration: Histogram | None = None
         self.conntrack_reconciler_deleted_entries: Counter | None = None
-        if mode != "kernelspace":
+        if backend.uses_conntrack:
             self.conntrack_reconciler_sync_duration = Histogram(
                 name("conntrack_reconciler_sync_duration_seconds"),
                 "ReconcileConntrackFlowsLatency latency in seconds",
@@ -245,107 +237,87 @@ class ProxyMetrics:
                 registry=reg,
             )
 
-        # --- mode-specific ----------------------------------------------------------------
-        self.sync_full_proxy_rules_duration: Histogram | None = None
-        self.sync_partial_proxy_rules_duration: Histogram | None = None
-        self.iptables_restore_failures: Counter | None = None
-        self.iptables_partial_restore_failures: Counter | None = None
-        self.iptables_rules_total: Gauge | None = None
-        self.iptables_rules_last: Gauge | None = None
-        self.nftables_sync_failures: Counter | None = None
-        self.nftables_cleanup_failures: Counter | None = None
-        if mode in ("iptables", "ipvs"):
-            self.iptables_restore_failures = Counter(
-                name("sync_proxy_rules_iptables_restore_failures_total"),
-                "Cumulative proxy iptables restore failures",
-                fam,
-                registry=reg,
-            )
-        if mode == "iptables":
-            reader = nfacct_reader or (lambda counter: read_nfacct(counter, netns))
-            reg.register(
-                NfacctCollector(
-                    name("iptables_ct_state_invalid_dropped_packets_total"),
-                    "packets dropped by iptables to work around conntrack problems",
-                    NFACCT_CT_STATE_INVALID_DROPPED,
-                    reader,
-                )
-            )
-            reg.register(
-                NfacctCollector(
-                    name("iptables_localhost_nodeports_accepted_packets_total"),
-                    "Number of packets accepted on nodeports of loopback interface",
-                    NFACCT_LOCALHOST_NODEPORTS_ACCEPTED,
-                    reader,
-                )
-            )
-            self.sync_full_proxy_rules_duration = Histogram(
-                name("sync_full_proxy_rules_duration_seconds"),
-                "SyncProxyRules latency in seconds for full resyncs",
-                fam,
-                buckets=SYNC_BUCKETS,
-                registry=reg,
-            )
-            self.sync_partial_proxy_rules_duration = Histogram(
-                name("sync_partial_proxy_rules_duration_seconds"),
-                "SyncProxyRules latency in seconds for partial resyncs",
-                fam,
-                buckets=SYNC_BUCKETS,
-                registry=reg,
-            )
-            self.iptables_partial_restore_failures = Counter(
-                name("sync_proxy_rules_iptables_partial_restore_failures_total"),
-                "Cumulative proxy iptables partial restore failures",
-                fam,
-                registry=reg,
-            )
-            self.iptables_rules_total = Gauge(
-                name("sync_proxy_rules_iptables_total"),
-                "Total number of iptables rules owned by kube-proxy",
-                ["ip_family", "table"],
-                registry=reg,
-            )
-            self.iptables_rules_last = Gauge(
-                name("sync_proxy_rules_iptables_last"),
-                "Number of iptables rules written by kube-proxy in last sync",
-                ["ip_family", "table"],
-                registry=reg,
-            )
-        if mode == "nftables":
-            self.nftables_sync_failures = Counter(
-                name("sync_proxy_rules_nftables_sync_failures_total"),
-                "Cumulative proxy nftables sync failures",
-                fam,
-                registry=reg,
-            )
-            self.nftables_cleanup_failures = Counter(
-                name("sync_proxy_rules_nftables_cleanup_failures_total"),
-                "Cumulative proxy nftables cleanup failures",
-                fam,
-                registry=reg,
-            )
+        # --- the backend's ----------------------------------------------------------------
+        #: The backend's families by name, and their metrics (scraped ones have none).
+        self.families: dict[str, MetricFamily] = {}
+        self.contributed: dict[str, MetricWrapperBase] = {}
+        self._register_contributed(backend.metric_families())
 
         if process_collectors:
             ProcessCollector(registry=reg)
             PlatformCollector(registry=reg)
             GCCollector(registry=reg)
 
+    def _register_contributed(self, specs: Sequence[MetricFamily]) -> None:
+        specs = list(specs)
+        scraped = [s for s in specs if s.scraped]
+        for spec in specs:
+            if spec.name in self.families:
+                raise ValueError(f"metric family {spec.name} declared twice")
+            if spec.on is not MetricEvent.NONE and spec.labels not in _EVENT_LABELS:
+                raise ValueError(
+                    f"metric family {spec.name}: a family fed by {spec.on.value} is labelled "
+                    f"by ip_family only, not {spec.labels}"
+                )
+            if spec.scraped and spec.kind == "histogram":
+                raise ValueError(f"metric family {spec.name}: a scraped histogram")
+            self.families[spec.name] = spec
+            if spec.scraped:
+                # One collector for all of them (one scrape), where the first one stands.
+                if spec is scraped[0]:
+                    self.registry.register(ScrapedFamilies(self.backend, scraped))
+                continue
+            self.contributed[spec.name] = _new_metric(spec, self.registry)
+
     # --- hooks ----------------------------------------------------------------------------
 
+    def _on(self, event: MetricEvent) -> list[tuple[MetricFamily, MetricWrapperBase]]:
+        return [
+            (self.families[n], m)
+            for n, m in self.contributed.items()
+            if self.families[n].on is event
+        ]
+
+    def _event(self, event: MetricEvent, family: IPFamily, value: float | None = None) -> None:
+        """Feed ``event`` of ``family`` to the contributed families that want it: +1 to a
+        counter, ``value`` observed in a histogram."""
+        for spec, metric in self._on(event):
+            child = metric.labels(family.value) if spec.labels else metric
+            if spec.kind == "histogram":
+                if value is not None:
+                    child.observe(value)  # type: ignore[attr-defined]
+            else:
+                child.inc()  # type: ignore[attr-defined]
+
+    def _sample(self, sample: Sample) -> None:
+        spec = self.families.get(sample.family)
+        metric = self.contributed.get(sample.family)
+        if spec is None or metric is None:
+            log.warning("sample of unknown or scraped metric family %s ignored", sample.family)
+            return
+        if len(sample.labels) != len(spec.labels):
+            log.warning("sample of %s with labels %s ignored", sample.family, sample.labels)
+            return
+        child = metric.labels(*sample.labels) if spec.labels else metric
+        if spec.kind == "histogram":
+            child.observe(sample.value)  # type: ignore[attr-defined]
+        elif sample.add:
+            if sample.value:  # adding nothing makes no series
+                child.inc(sample.value)  # type: ignore[attr-defined]
+        elif spec.kind == "gauge":
+            child.set(sample.value)  # type: ignore[attr-defined]
+        else:
+            log.warning("sample of counter %s sets it: ignored (counters are added to)", spec.name)
+
     def sync_listener(self, state: ProxyState, result: SyncResult, elapsed: float) -> None:
-        """After a successful apply: latencies, timestamps, rule and no-endpoint counts."""
+        """After a successful apply: latencies, timestamps, no-endpoint counts, the backend's
+        samples."""
         now = self.clock()
-        counts = result.counts
+        split = MetricEvent.FULL_SYNC_SECONDS if result.full else MetricEvent.PARTIAL_SYNC_SECONDS
         for family, graph in state.graphs.items():
             fam = family.value
             self.sync_proxy_rules_duration.labels(fam).observe(elapsed)
-            split = (
-                self.sync_full_proxy_rules_duration
-                if result.full
-                else self.sync_partial_proxy_rules_duration
-            )
-            if split is not None:
-                split.labels(fam).observe(elapsed)
+            self._event(split, family, elapsed)
             self.sync_proxy_rules_last_timestamp.labels(fam).set(now)
 
             change = state.changes.get(family)
@@ -353,57 +325,29 @@ class ProxyMetrics:
             for when in triggers.values():
                 self.network_programming_duration.labels(fam).observe(max(0.0, now - when))
 
-            keys = [f"no_local_endpoints_{p}_{fam}" for p in TRAFFIC_POLICIES]
-            if all(k in counts for k in keys):
-                values: Sequence[int] = [counts[k] for k in keys]
-            else:
-                values = no_local_endpoints(graph)
-            for policy, value in zip(TRAFFIC_POLICIES, values, strict=True):
-                self.no_local_endpoints_total.labels(fam, policy).set(value)
-
-            for gauge, prefix in (
-                (self.iptables_rules_total, "iptables_total"),
-                (self.iptables_rules_last, "iptables_last"),
+            counted = result.no_local_endpoints.get(family)
+            if counted is None:
+                counted = NoLocalEndpoints(*no_local_endpoints(graph))
+            for policy, value in zip(
+                TRAFFIC_POLICIES, (counted.internal, counted.external), strict=True
             ):
-                if gauge is None:
-                    continue
-                for table in IPTABLES_TABLES:
-                    key = f"{prefix}_{table}_{fam}"
-                    if key in counts:
-                        gauge.labels(fam, table).set(counts[key])
-
-            cleanup = counts.get(f"nftables_cleanup_failures_{fam}", 0)
-            if cleanup and self.nftables_cleanup_failures is not None:
-                self.nftables_cleanup_failures.labels(fam).inc(cleanup)
+                self.no_local_endpoints_total.labels(fam, policy).set(value)
+        for sample in result.samples:
+            self._sample(sample)
 
     def sync_failed(
         self, families: Iterable[IPFamily], *, partial: bool = False, elapsed: float | None = None
     ) -> None:
-        """The sync of ``families`` failed: the mode's failure counters of just those, and
+        """The sync of ``families`` failed: the backend's failure counters of just those, and
         (``elapsed``) its duration, which upstream observes for failed syncs too."""
+        split = MetricEvent.PARTIAL_SYNC_SECONDS if partial else MetricEvent.FULL_SYNC_SECONDS
         for family in families:
-            fam = family.value
             if elapsed is not None:
-                self.sync_proxy_rules_duration.labels(fam).observe(elapsed)
-                split = (
-                    self.sync_partial_proxy_rules_duration
-                    if partial
-                    else self.sync_full_proxy_rules_duration
-                )
-                if split is not None:
-                    split.labels(fam).observe(elapsed)
-            if self.iptables_restore_failures is not None:
-                self.iptables_restore_failures.labels(fam).inc()
-            if partial and self.iptables_partial_restore_failures is not None:
-                self.iptables_partial_restore_failures.labels(fam).inc()
-            if self.nftables_sync_failures is not None:
-                self.nftables_sync_failures.labels(fam).inc()
-
-    def cleanup_failed(self, families: Iterable[IPFamily]) -> None:
-        """nftables mode: removing stale chains/maps failed."""
-        if self.nftables_cleanup_failures is not None:
-            for family in families:
-                self.nftables_cleanup_failures.labels(family.value).inc()
+                self.sync_proxy_rules_duration.labels(family.value).observe(elapsed)
+                self._event(split, family, elapsed)
+            self._event(MetricEvent.SYNC_FAILED, family)
+            if partial:
+                self._event(MetricEvent.PARTIAL_SYNC_FAILED, family)
 
     def queued(self, families: Iterable[IPFamily], when: float | None = None) -> None:
         """A sync was queued (a change arrived)."""
@@ -443,6 +387,18 @@ class ProxyMetrics:
         """One sample's value (tests and debugging)."""
         found = self.registry.get_sample_value(name, dict(labels or {}))
         return None if found is None else float(found)
+
+
+def _new_metric(spec: MetricFamily, registry: CollectorRegistry) -> MetricWrapperBase:
+    """The prometheus_client metric of a contributed, not scraped, family."""
+    labels = list(spec.labels)
+    if spec.kind == "histogram":
+        return Histogram(
+            spec.name, spec.help, labels, buckets=spec.buckets or SYNC_BUCKETS, registry=registry
+        )
+    if spec.kind == "gauge":
+        return Gauge(spec.name, spec.help, labels, registry=registry)
+    return Counter(spec.name, spec.help, labels, registry=registry)
 
 
 class MetricsServer:

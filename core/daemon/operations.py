@@ -7,12 +7,14 @@
   the health-check NodePorts of ``externalTrafficPolicy: Local`` Services, all served by one
   loop thread;
 * one SyncListener on the Proxier that, after every successful apply, clears stale conntrack
-  entries, updates the metrics and the Service health checks, and marks the rules fresh;
+  entries (if the backend ``uses_conntrack``), updates the metrics and the Service health
+  checks, and marks the rules fresh;
 * ``Operations.sync`` wraps ``Proxier.sync`` for the runner: it also counts failed syncs and
   marks the rules stale when a sync fails or changes are waiting;
 * a poller (every ``poll_interval``) that publishes the pending change counts, marks the
   rules stale as soon as a change arrives (so /healthz turns 503 if no sync follows within
-  2 x syncPeriod, however the loop is stuck), and retries a listener that could not bind.
+  2 x the backend's syncPeriod, however the loop is stuck), and retries a listener that could
+  not bind.
 
 ``stop()`` undoes all of it (listeners closed, threads ended, the Proxier listener removed).
 """
@@ -292,10 +294,13 @@ def start_operations(
     (as upstream) and are logged as warnings in a namespace, where the kernel never lets
     ``nf_conntrack_max`` be set.
     """
-    sync_period, _ = cfg.sync_periods()
+    backend = proxier.backend
+    sync_period, _ = backend.sync_periods()
     health = ProxyHealth(2 * sync_period, node_eligible=lambda: not node_deleting(), clock=clock)
-    metrics = metrics if metrics is not None else ProxyMetrics(cfg.mode, netns=netns, clock=clock)
-    cleaner = ConntrackCleaner(netns, on_cleaned=metrics.conntrack_cleaned)
+    metrics = metrics if metrics is not None else ProxyMetrics(backend, clock=clock)
+    cleaner = ConntrackCleaner(
+        netns, on_cleaned=metrics.conntrack_cleaned, enabled=backend.uses_conntrack
+    )
     ops = Operations(
         cfg,
         proxier,

@@ -1,0 +1,109 @@
+"""What the commands of ``kubeplex`` share: exit codes, options, the configuration, the backend."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from pathlib import Path
+from typing import Protocol, TypeAlias
+
+from kubeplex.core.config.kubeproxy import (
+    KubeProxyConfiguration,
+    default_config,
+    load_config,
+    with_overrides,
+)
+from kubeplex.core.daemon.proxier import collector_paused
+from kubeplex.core.dataplane import plugins
+from kubeplex.core.dataplane.backend import Backend, BackendContext
+from kubeplex.core.model.cluster import ClusterState
+from kubeplex.core.sources.manifests import ManifestSource
+
+# Exit codes a script can act on.
+EXIT_OK = 0
+EXIT_SYNC_FAILED = 1
+EXIT_USAGE = 2
+EXIT_CONFIG = 3
+EXIT_BACKEND = 4
+
+
+def add_common_options(p: argparse.ArgumentParser, config_required: bool = False) -> None:
+    """The options of every command that builds a backend from a configuration."""
+    p.add_argument(
+        "--config", type=Path, required=config_required, help="KubeProxyConfiguration file"
+    )
+    p.add_argument("--hostname-override", help="node name (default: the hostname)")
+    p.add_argument(
+        "--proxy-mode", help="overrides mode (one of the backends `kubeplex backends` lists)"
+    )
+    p.add_argument("--cluster-cidr", help="overrides clusterCIDR (comma-separated, one per family)")
+    add_verbosity_option(p)
+    # Programs the rules inside a network namespace (used by the lab and the kernel tests).
+    p.add_argument("--netns", help=argparse.SUPPRESS)
+    add_plugins_option(p)
+
+
+def add_verbosity_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--v", type=int, default=0, dest="verbosity", help="log verbosity (0-5)")
+
+
+def add_plugins_option(p: argparse.ArgumentParser, default: object = argparse.SUPPRESS) -> None:
+    """``--plugins FILE``: the trust list (plugins.toml) to use instead of the default one."""
+    p.add_argument(
+        "--plugins",
+        type=Path,
+        default=default,
+        metavar="FILE",
+        help=f"trust list of backends (default: ${plugins.ENV_VAR}, "
+        f"{plugins.SYSTEM_TRUST_FILE} if present, else the packaged plugins.toml)",
+    )
+
+
+def load_effective_config(args: argparse.Namespace) -> KubeProxyConfiguration:
+    """The configuration file (or the defaults) with the command line's overrides."""
+    modes = plugins.known_modes()
+    cfg = load_config(args.config, known_modes=modes) if args.config else default_config()
+    return with_overrides(
+        cfg,
+        hostname_override=args.hostname_override,
+        mode=args.proxy_mode,
+        cluster_cidr=args.cluster_cidr,
+        known_modes=modes,
+    )
+
+
+def node_name(cfg: KubeProxyConfiguration) -> str:
+    return (cfg.hostname_override or socket.gethostname()).strip().lower()
+
+
+def make_backend(cfg: KubeProxyConfiguration, netns: str | None) -> Backend:
+    """The configured mode's backend, on the node's kernel (in ``netns``)."""
+    ctx = BackendContext(config=cfg, node_name=node_name(cfg), netns=netns)
+    return plugins.load_backend(cfg.mode, ctx)
+
+
+def state_from_manifests(
+    cfg: KubeProxyConfiguration, path: Path
+) -> tuple[ClusterState, ManifestSource]:
+    """A cluster state holding the objects of a manifests folder or file, loaded once."""
+    cluster = ClusterState(node_name(cfg))
+    source = ManifestSource(path, cluster)
+    with collector_paused():  # parsing allocates an object per endpoint, none in a cycle
+        source.load()
+    return cluster, source
+
+
+#: What ``sub.add_parser`` is called on (argparse's subparsers action).
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+class Command(Protocol):
+    """A module of one ``kubeplex`` command (see ``kubeplex.core.cli.main.COMMANDS``)."""
+
+    def add_parser(self, sub: Subparsers, name: str) -> argparse.ArgumentParser:
+        """Add the command's parser, called ``name``, to ``sub``."""
+        ...
+
+    def run(self, args: argparse.Namespace) -> int:
+        """Run the command; returns the exit code."""
+        ...
