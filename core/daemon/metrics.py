@@ -298,16 +298,18 @@ class ProxyMetrics:
         if len(sample.labels) != len(spec.labels):
             log.warning("sample of %s with labels %s ignored", sample.family, sample.labels)
             return
+        if spec.kind == "counter" and not sample.add:
+            log.warning("sample of counter %s sets it: ignored (counters are added to)", spec.name)
+            return
+        if sample.add and not sample.value and spec.kind != "histogram":
+            return  # adding nothing makes no series
         child = metric.labels(*sample.labels) if spec.labels else metric
         if spec.kind == "histogram":
             child.observe(sample.value)  # type: ignore[attr-defined]
         elif sample.add:
-            if sample.value:  # adding nothing makes no series
-                child.inc(sample.value)  # type: ignore[attr-defined]
-        elif spec.kind == "gauge":
-            child.set(sample.value)  # type: ignore[attr-defined]
+            child.inc(sample.value)  # type: ignore[attr-defined]
         else:
-            log.warning("sample of counter %s sets it: ignored (counters are added to)", spec.name)
+            child.set(sample.value)  # type: ignore[attr-defined]
 
     def sync_listener(self, state: ProxyState, result: SyncResult, elapsed: float) -> None:
         """After a successful apply: latencies, timestamps, no-endpoint counts, the backend's
