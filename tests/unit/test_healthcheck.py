@@ -10,7 +10,7 @@ import json
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -29,7 +29,14 @@ from kubeplex.core.daemon.healthcheck import (
 )
 from kubeplex.core.daemon.operations import Operations, parse_bind_address, start_operations
 from kubeplex.core.daemon.proxier import Proxier
-from kubeplex.core.dataplane.backend import Backend, BackendContext, Rendered, SyncResult
+from kubeplex.core.dataplane.backend import (
+    Backend,
+    BackendContext,
+    MetricEvent,
+    MetricFamily,
+    Rendered,
+    SyncResult,
+)
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.errors import BackendError, KubeplexError
 from kubeplex.core.model.graph import ProxyState
@@ -309,13 +316,15 @@ class _Rendered(Rendered):
 
 
 class FakeBackend(Backend):
+    """An iptables-like backend: its failure counters, fed by the daemon's events."""
+
     mode = "iptables"
 
     def __init__(self) -> None:
         super().__init__(BackendContext(default_config(), NODE, (IPFamily.IPv4,)))
         self.fail = False
 
-    def render(self, state: ProxyState) -> Rendered:
+    def render(self, state: ProxyState, observed: object = None) -> Rendered:
         return _Rendered(state.is_full())
 
     def apply(self, rendered: Rendered) -> SyncResult:
@@ -323,8 +332,21 @@ class FakeBackend(Backend):
             raise BackendError("iptables-restore: simulated failure")
         return SyncResult(full=rendered.full)
 
-    def cleanup(self) -> None:
-        pass
+    def metric_families(self) -> Sequence[MetricFamily]:
+        return (
+            MetricFamily(
+                "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+                "Cumulative proxy iptables restore failures",
+                "counter",
+                on=MetricEvent.SYNC_FAILED,
+            ),
+            MetricFamily(
+                "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+                "Cumulative proxy iptables partial restore failures",
+                "counter",
+                on=MetricEvent.PARTIAL_SYNC_FAILED,
+            ),
+        )
 
 
 def make_ops(clock: Clock, node: dict[str, bool]) -> tuple[Operations, ClusterState, FakeBackend]:

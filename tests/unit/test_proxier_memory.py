@@ -54,7 +54,7 @@ class CycleMaker(Backend):
         self.made: list[weakref.ref[Cycle]] = []
         self.held: Cycle | None = None
 
-    def render(self, state: ProxyState) -> Rendered:
+    def render(self, state: ProxyState, observed: object = None) -> Rendered:
         dead = Cycle()
         self.made.append(weakref.ref(dead))
         del dead
@@ -64,9 +64,6 @@ class CycleMaker(Backend):
 
     def apply(self, rendered: Rendered) -> SyncResult:
         return SyncResult(full=True)
-
-    def cleanup(self) -> None:
-        pass
 
 
 class Cycle:
@@ -145,7 +142,7 @@ def test_a_collection_runs_at_most_once_per_interval(collector: None) -> None:
 class Quiet(CycleMaker):
     """A backend that makes nothing itself: what stays is what the sync loop leaves."""
 
-    def render(self, state: ProxyState) -> Rendered:
+    def render(self, state: ProxyState, observed: object = None) -> Rendered:
         return _Rendered()
 
 
