@@ -17,6 +17,7 @@ from kubeplex.core.config.kubeproxy import (
     API_VERSION,
     DEFAULT_KNOWN_MODES,
     KIND,
+    active_section,
     default_config,
     format_duration,
     load_config,
@@ -25,7 +26,10 @@ from kubeplex.core.config.kubeproxy import (
     split_host_port,
     with_overrides,
 )
+from kubeplex.core.dataplane import plugins
+from kubeplex.core.dataplane.backend import BackendContext
 from kubeplex.core.model.errors import InvalidObject
+from kubeplex.testing import fakes
 
 HEADER = f"apiVersion: {API_VERSION}\nkind: {KIND}\n"
 
@@ -191,10 +195,10 @@ def test_full_config_is_read_and_printed_back_unchanged() -> None:
     assert cfg.conntrack.tcp_close_wait_timeout == 0.0
     assert cfg.conntrack.udp_stream_timeout == 300.0
     assert cfg.config_sync_period == 600.0
-    # The active mode's section wins.
-    assert cfg.sync_periods() == (90.0, 3.0)
-    assert cfg.masquerade_bit() == 12
-    assert cfg.masquerade_all() is True
+    # The active mode reads its own section.
+    assert active_section(cfg.mode) == "nftables"
+    assert (cfg.nftables.sync_period, cfg.nftables.min_sync_period) == (90.0, 3.0)
+    assert (cfg.nftables.masquerade_bit, cfg.nftables.masquerade_all) == (12, True)
 
     assert cfg.to_dict() == yaml.safe_load(FULL)
     again = parse_config(yaml.safe_dump(cfg.to_dict()), "again.yaml")
@@ -236,8 +240,7 @@ def test_minimal_file_gets_upstream_defaults() -> None:
     assert (ct.tcp_established_timeout, ct.tcp_close_wait_timeout) == (86400.0, 3600.0)
     assert (ct.udp_timeout, ct.udp_stream_timeout, ct.tcp_be_liberal) == (0.0, 0.0, False)
 
-    assert cfg.sync_periods() == (30.0, 1.0)
-    assert cfg.masquerade_bit() == 14
+    assert active_section(cfg.mode) == "iptables"
 
 
 # What `kubeadm` writes into the kube-proxy ConfigMap: every field present, mostly null/zero.
@@ -350,21 +353,29 @@ def test_empty_mode_means_kernelspace_on_windows(monkeypatch: pytest.MonkeyPatch
 
 
 def test_sync_settings_follow_the_mode() -> None:
+    """Each mode reads (and is validated by) its own section, iptables' if it has none; the
+    installed backends take their sync periods from it."""
     sections = (
         "iptables: {syncPeriod: 10s, minSyncPeriod: 2s, masqueradeBit: 10, masqueradeAll: true}\n"
         "ipvs: {syncPeriod: 20s, minSyncPeriod: 3s}\n"
         "nftables: {syncPeriod: 40s, minSyncPeriod: 4s, masqueradeBit: 11}\n"
     )
-    for mode, periods, bit, masq_all in [
-        ("iptables", (10.0, 2.0), 10, True),
-        ("ipvs", (20.0, 3.0), 10, True),
-        ("nftables", (40.0, 4.0), 11, False),
-        ("kernelspace", (10.0, 2.0), 10, True),
+    for mode, section, periods in [
+        ("iptables", "iptables", (10.0, 2.0)),
+        ("ipvs", "ipvs", (20.0, 3.0)),
+        ("nftables", "nftables", (40.0, 4.0)),
+        ("kernelspace", "iptables", (10.0, 2.0)),
     ]:
         cfg = parse_config(HEADER + f"mode: {mode}\n" + sections, "f")
-        assert cfg.sync_periods() == periods
-        assert cfg.masquerade_bit() == bit
-        assert cfg.masquerade_all() is masq_all
+        assert active_section(cfg.mode) == section
+        read = getattr(cfg, section)
+        assert (read.sync_period, read.min_sync_period) == periods
+        if mode in plugins.available():  # (no ipvs backend here)
+            ctx = BackendContext(cfg, "node-a", kernel=fakes.for_mode(mode))
+            assert plugins.load_backend(mode, ctx).sync_periods() == periods, mode
+        assert errors_of(
+            HEADER + f"mode: {mode}\n{section}: {{syncPeriod: 1s, minSyncPeriod: 2s}}\n"
+        ) == [f"{section}.syncPeriod: must be >= {section}.minSyncPeriod (2s), got 1s"]
 
 
 def test_sections_of_inactive_modes_are_not_range_checked() -> None:

@@ -252,7 +252,7 @@ def test_configmap_carries_the_values(chart: helm.Chart) -> None:
     assert cfg.ipvs.scheduler == "wrr"
     assert cfg.ipvs.strict_arp is True
     assert [str(n) for n in cfg.ipvs.exclude_cidrs] == ["10.0.0.0/8"]
-    assert cfg.sync_periods() == (60.0, 0.0)
+    assert (cfg.ipvs.sync_period, cfg.ipvs.min_sync_period) == (60.0, 0.0)
     assert cfg.ipvs.tcp_timeout == 900.0
     assert (cfg.conntrack.max_per_core, cfg.conntrack.min) == (0, 262144)
     assert cfg.conntrack.tcp_be_liberal is True
