@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -73,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KubeplexError as err:
         print(f"kubeplex: {err}", file=sys.stderr)
         return EXIT_BACKEND
+    except BrokenPipeError:  # `kubeplex render | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """``kubeplex render``: print what the next apply of the configured mode would send.
 
-It reads the node's kernel first, as a sync does (``Backend.observe``), so leftovers to
-delete and repairs are in the plan; ``--no-observe`` (or a kernel that cannot be read, e.g.
-without root) prints the render of an untouched node, which needs nothing of the node.
+It reads the node's kernel first, as a sync does (``Backend.observe``), so what the node has
+left over (to delete) or lacks (to repair) is in the plan; ``--no-observe`` (or a kernel that
+cannot be read, e.g. without root) prints the rules alone, which needs nothing of the node.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def add_parser(sub: Subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--no-observe",
         action="store_true",
-        help="do not read the node's kernel first: print the rules of an untouched node",
+        help="do not read the node's kernel first: print the rules alone",
     )
     return p
 
@@ -47,7 +47,8 @@ def observe(backend: Backend, state: ProxyState) -> Any:
     except Exception as err:  # not root, a tool missing, a plugin's bug: render all the same
         reason = " ".join(str(err).split())[:200] or type(err).__name__  # one line
         print(
-            f"kubeplex: not reading the kernel ({reason}); printing the rules of an untouched node",
+            f"kubeplex: cannot read the kernel ({reason}); printing the rules alone, without what "
+            "this node has left over or lacks",
             file=sys.stderr,
         )
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,10 @@ import pytest
 from cli_kit import in_netns, kubeplex
 
 from kubeplex.core.cli import main as cli
+from kubeplex.core.cli import render as render_cmd
+from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
 from kubeplex.core.daemon import sysctls
+from kubeplex.core.dataplane.backend import CONTRACT_VERSION, Backend
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "testing" / "lab"
@@ -23,13 +27,67 @@ def test_version() -> None:
     assert proc.stdout.startswith("kubeplex ")
 
 
+RENDER_LAB = ("render", "--config", str(LAB / "config.yaml"), "--manifests", str(LAB / "manifests"))
+
+
+def test_every_command_is_a_module_of_the_dispatch_table() -> None:
+    proc = kubeplex("--help")
+    assert proc.returncode == 0, proc.stderr
+    assert list(cli.COMMANDS) == [
+        "run",
+        "render",
+        "cleanup",
+        "sysctls",
+        "version",
+        "backends",
+        "lab",
+    ]
+    for name, command in cli.COMMANDS.items():
+        assert command.__name__ == f"kubeplex.core.cli.{name}"  # type: ignore[attr-defined]
+        assert name in proc.stdout
+
+
 def test_render_the_lab_without_root() -> None:
-    proc = kubeplex(
-        "render", "--config", str(LAB / "config.yaml"), "--manifests", str(LAB / "manifests")
-    )
+    proc = kubeplex(*RENDER_LAB, "--no-observe")
     assert proc.returncode == 0, proc.stderr
     assert "-j KUBE-SVC-LOLE4ISW44XBNF3G" in proc.stdout
     assert "# ip6tables-restore --noflush input (IPv6, full sync)" in proc.stdout
+    assert proc.stderr == ""
+
+
+def test_render_without_a_readable_kernel_says_so_and_prints_the_rules_alone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([*RENDER_LAB, "--no-observe"]) == cli.EXIT_OK
+    alone = capsys.readouterr().out
+    make_backend = render_cmd.make_backend
+
+    def unreadable(cfg: KubeProxyConfiguration, netns: str | None) -> Backend:
+        backend = make_backend(cfg, netns)
+
+        def refused(state: object) -> None:
+            raise PermissionError("iptables-save: Permission denied (you must be root)\nmore")
+
+        backend.observe = refused  # type: ignore[method-assign,assignment]
+        return backend
+
+    monkeypatch.setattr(render_cmd, "make_backend", unreadable)
+    assert cli.main(list(RENDER_LAB)) == cli.EXIT_OK
+    out, err = capsys.readouterr()
+    assert out == alone
+    assert err.splitlines() == [
+        "kubeplex: cannot read the kernel (iptables-save: Permission denied (you must be root) "
+        "more); printing the rules alone, without what this node has left over or lacks"
+    ]
+
+
+def test_backends_prints_the_contract_version_once() -> None:
+    proc = kubeplex("backends")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("contract") == 1
+    assert f"backend contract: version {CONTRACT_VERSION}\n" in proc.stdout
+    as_json = json.loads(kubeplex("backends", "--json").stdout)
+    assert as_json["contractVersion"] == CONTRACT_VERSION
 
 
 def test_bad_config_names_the_field(tmp_path: Path) -> None:
@@ -83,10 +141,32 @@ def test_run_once_programs_and_cleanup_removes(netns: str) -> None:
         '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES' in saved
     )
 
-    assert kubeplex("cleanup", *args).returncode == 0
+    proc = kubeplex("cleanup", *args)
+    assert proc.returncode == 0, proc.stderr
+    removed = proc.stdout.splitlines()
+    assert removed and all(line.startswith("removed ") for line in removed)
+    assert any("KUBE-SVC-LOLE4ISW44XBNF3G" in line for line in removed)
     saved = in_netns(netns, "iptables-save")
     assert "KUBE-SVC-" not in saved
     assert "KUBE-SERVICES" not in saved
+    proc = kubeplex("cleanup", *args)
+    assert (proc.returncode, proc.stdout) == (0, "nothing to remove\n")
+
+
+@pytest.mark.kernel
+def test_render_prints_what_the_next_apply_sends_to_this_node(netns: str) -> None:
+    """With the node's kernel read, render holds what it has left over; without, the rules
+    alone."""
+    args = (*RENDER_LAB, "--netns", netns)
+    run = ("run", *args[1:], "--once")
+    assert kubeplex(*run).returncode == 0
+    in_netns(netns, "iptables", "-t", "nat", "-N", "KUBE-SVC-LEFTOVER0000000")
+    observed = kubeplex(*args)
+    assert observed.returncode == 0, observed.stderr
+    assert "-X KUBE-SVC-LEFTOVER0000000" in observed.stdout
+    alone = kubeplex(*args, "--no-observe")
+    assert "LEFTOVER" not in alone.stdout
+    assert alone.stdout == kubeplex(*RENDER_LAB, "--no-observe").stdout
 
 
 def test_run_needs_a_source() -> None:
