@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -389,3 +389,42 @@ def test_sysctls_unknown_netns_writes_nothing(
     assert sysctls_cmd(kernel, "--netns", str(missing)) == cli.EXIT_BACKEND
     assert f"kubeplex: cannot enter network namespace {missing}: " in capsys.readouterr().err
     assert kernel.values() == before
+
+
+# --- kubeplex lab ----------------------------------------------------------------------------
+
+
+def test_lab_describes_what_any_mode_programmed() -> None:
+    from kubeplex.core.cli import lab
+    from kubeplex.core.dataplane.backend import EndpointView, ProgrammedService
+    from kubeplex.core.model.types import IPFamily
+
+    assert lab.describe_programmed(None) == ["(this backend cannot read back what it programmed)"]
+    assert lab.describe_programmed([]) == ["(nothing programmed)"]
+    found = ProgrammedService(
+        "default/web",
+        IPFamily.IPv4,
+        entries=("element ip kube-proxy service-ips { 10.96.88.59 . tcp . 80 : goto svc }",),
+        endpoints=(EndpointView("10.244.1.2:8080", 0.5, weight=1), EndpointView("10.244.2.2:8080")),
+        masquerade=True,
+        affinity_seconds=10800,
+        objects=("svc", "ep1"),
+    )
+    assert lab.describe_programmed([found]) == [
+        "IPv4: where traffic enters",
+        "  element ip kube-proxy service-ips { 10.96.88.59 . tcp . 80 : goto svc }",
+        "IPv4: endpoints",
+        "  10.244.1.2:8080        share 50.0%  weight 1",
+        "  10.244.2.2:8080",
+        "masquerade: marked",
+        "session affinity: 10800 s",
+        "kernel objects: svc, ep1",
+    ]
+    counted = ProgrammedService(
+        "default/web", IPFamily.IPv4, endpoints=(EndpointView("10.244.1.2:8080", packets=9),)
+    )
+    before = lab._packets(
+        [replace(counted, endpoints=(EndpointView("10.244.1.2:8080", packets=2),))]
+    )
+    assert lab._counted(before, lab._packets([counted])) == "      7 packets -> 10.244.1.2:8080"
+    assert lab._counted({}, lab._packets([found])) == "(this mode keeps no per-endpoint counter)"
