@@ -2310,12 +2310,12 @@ def test_a_big_first_sync_into_empty_tables_goes_in_stages(monkeypatch: pytest.M
 def test_cleanup_failures_reach_the_metric() -> None:
     """nftables_cleanup_failures_total counts stale chains that could not be deleted and
     listings of the table that failed (no leftovers removed), per family, through the next
-    successful sync's counts."""
+    successful sync's samples."""
     from kubeplex.core.daemon.metrics import ProxyMetrics
     from kubeplex.core.daemon.proxier import Proxier
 
     h = Harness(many_services(3))
-    metrics = ProxyMetrics("nftables", process_collectors=False)
+    metrics = ProxyMetrics(h.backend, process_collectors=False)
     proxier = Proxier(h.cluster, h.backend)
     proxier.listeners.append(metrics.sync_listener)
     name = "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total"
