@@ -21,6 +21,7 @@ from kubeplex.core.dataplane.backend import Backend, BackendContext
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.errors import FieldError, InvalidObject
 from kubeplex.core.model.types import IPFamily
+from kubeplex.testing import fakes
 
 FAMILIES = (IPFamily.IPv4, IPFamily.IPv6)
 BASE_CONFIG = {"clusterCIDR": "10.244.0.0/16,fd00:244::/48", "hostnameOverride": NODE}
@@ -35,9 +36,10 @@ def backends() -> dict[str, Backend]:
         ("kernelspace", KernelspaceBackend),
     ):
         cfg = config({"mode": mode, **BASE_CONFIG})
-        backend: Backend = cls(BackendContext(cfg, NODE, FAMILIES))
-        if isinstance(backend, IptablesBackend):
-            backend._nfacct = frozenset()  # not the host's nfacct counters
+        # In-memory kernels: nothing of the host (its nfacct counters) reaches a render.
+        kernel = fakes.FakeIptables(nfacct=False) if mode == "iptables" else fakes.for_mode(mode)
+        backend: Backend = cls(BackendContext(cfg, NODE, FAMILIES, kernel=kernel))
+        backend.prepare()
         made[mode] = backend
     return made
 

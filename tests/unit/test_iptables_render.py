@@ -45,7 +45,7 @@ from render_kit import (
     svc1,
 )
 
-from kubeplex.backends.iptables import NFACCT_COUNTERS, IptablesBackend, names
+from kubeplex.backends.iptables import IptablesBackend, names
 from kubeplex.backends.iptables.prelude import prelude
 from kubeplex.backends.iptables.render import FamilyPlan, FamilyRenderer, IptablesRendered
 from kubeplex.backends.iptables.rules import (
@@ -70,6 +70,7 @@ from kubeplex.core.model.types import (
     ServicePortName,
 )
 from kubeplex.core.sources.manifests import ManifestSource
+from kubeplex.testing.fakes import FakeIptables
 
 GOLDEN = Path(__file__).parent / "golden" / "iptables"
 
@@ -93,10 +94,13 @@ class Harness(RenderHarness[IptablesBackend, IptablesRendered]):
         nfacct: bool = False,
         node: str = NODE,
     ) -> None:
-        super().__init__(IptablesBackend, objects, cfg, families, node)
-        # Whether nfacct counters exist is found out on the node; a render test must not
-        # depend on the host it runs on (upstream's fake proxier has none).
-        self.backend._nfacct = frozenset(NFACCT_COUNTERS) if nfacct else frozenset()
+        # Whether nfacct counters exist is found out on the node (prepare); a render test must
+        # not depend on the host it runs on (upstream's fake proxier has none).
+        kernel = FakeIptables(nfacct=nfacct)
+        super().__init__(
+            lambda ctx: IptablesBackend(replace(ctx, kernel=kernel)), objects, cfg, families, node
+        )
+        self.backend.prepare()
 
     def commit(self, rendered: IptablesRendered) -> None:
         """What apply() does after a successful iptables-restore, minus the kernel."""
