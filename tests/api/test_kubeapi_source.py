@@ -21,6 +21,7 @@ from apiserver import DEFAULT_RESOURCES, KUBE_PROXY_PERMISSIONS, FakeApiServer, 
 from cli_kit import in_netns
 
 from kubeplex.core.cli import main as cli
+from kubeplex.core.cli import run as run_command
 from kubeplex.core.config.kubeproxy import default_config
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.graph import ProxyState
@@ -610,7 +611,7 @@ def test_run_once_with_an_unreachable_api_fails_after_a_bounded_wait(
 ) -> None:
     config = write_config(tmp_path, srv.write_kubeconfig(tmp_path / "kubeconfig"))
     srv.stop()  # nothing listens on that port any more
-    monkeypatch.setattr(cli, "ONCE_SYNC_TIMEOUT", 1.0)
+    monkeypatch.setattr(run_command, "ONCE_SYNC_TIMEOUT", 1.0)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     started = time.monotonic()
     try:
