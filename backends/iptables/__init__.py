@@ -92,7 +92,7 @@ def admits_loopback(addresses: tuple[str, ...]) -> bool:
     )
 
 
-class IptablesBackend(FamilyBackend[FamilyRenderer]):
+class IptablesBackend(FamilyBackend[FamilyRenderer, IptablesRendered]):
     mode = "iptables"
     capabilities = frozenset(
         {"localhost-nodeports", "session-affinity", "sctp", "ipv6", "load-balancer-source-ranges"}
@@ -192,11 +192,6 @@ class IptablesBackend(FamilyBackend[FamilyRenderer]):
 
     def combine(self, plans: list[Any]) -> IptablesRendered:
         return IptablesRendered(plans)
-
-    def render(self, state: ProxyState, observed: Any = None) -> IptablesRendered:
-        rendered = super().render(state, observed)
-        assert isinstance(rendered, IptablesRendered)
-        return rendered
 
     # --- apply ------------------------------------------------------------------------------
 

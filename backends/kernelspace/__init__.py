@@ -54,7 +54,7 @@ def _port_of(address: str) -> int:
     return int(port) if port.isdigit() else 0
 
 
-class KernelspaceBackend(FamilyBackend[FamilyRenderer]):
+class KernelspaceBackend(FamilyBackend[FamilyRenderer, KernelspaceRendered]):
     """No kernel seam (``real_kernel`` is None): nothing is ever programmed."""
 
     mode = "kernelspace"
@@ -115,11 +115,6 @@ class KernelspaceBackend(FamilyBackend[FamilyRenderer]):
 
     def combine(self, plans: list[Any]) -> KernelspaceRendered:
         return KernelspaceRendered(plans)
-
-    def render(self, state: ProxyState, observed: Any = None) -> KernelspaceRendered:
-        rendered = super().render(state, observed)
-        assert isinstance(rendered, KernelspaceRendered)
-        return rendered
 
     # --- the node: Windows HNS only ---------------------------------------------------------
 

@@ -135,7 +135,7 @@ class NftObserved:
     left_out: Mapping[IPFamily, Mapping[ServicePortName, str]] = field(default_factory=dict)
 
 
-class NftablesBackend(FamilyBackend[FamilyRenderer]):
+class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
     """The kernel seam (``BackendContext.kernel``) is an ``NftSeam``."""
 
     mode = "nftables"
@@ -241,7 +241,6 @@ class NftablesBackend(FamilyBackend[FamilyRenderer]):
         chain deletions of earlier syncs (a first transaction), and the stages of a big first
         load into tables that did not exist."""
         rendered = super().render(state, observed)
-        assert isinstance(rendered, NftablesRendered)
         if isinstance(observed, NftObserved):
             self._with_kernel(rendered, observed)
         return rendered

@@ -298,6 +298,7 @@ class FamilyRenderer(Protocol):
 
 
 R = TypeVar("R", bound=FamilyRenderer)
+RenderedT = TypeVar("RenderedT", bound=Rendered)
 
 
 class PerFamily(Generic[R]):
@@ -334,7 +335,7 @@ class PerFamily(Generic[R]):
         self._renderers.clear()
 
 
-class FamilyBackend(Backend, Generic[R]):
+class FamilyBackend(Backend, Generic[R, RenderedT]):
     """A backend that renders each IP family on its own, with one renderer per family.
 
     Subclasses give the renderer (``make_renderer``), each family's settings, how one family
@@ -361,10 +362,10 @@ class FamilyBackend(Backend, Generic[R]):
         """One family's plan."""
 
     @abstractmethod
-    def combine(self, plans: list[Any]) -> Rendered:
+    def combine(self, plans: list[Any]) -> RenderedT:
         """The families' plans as one ``Rendered``."""
 
-    def render(self, state: ProxyState, observed: Any = None) -> Rendered:
+    def render(self, state: ProxyState, observed: Any = None) -> RenderedT:
         plans = []
         for family in self.ctx.families:
             graph = state.graphs.get(family)
