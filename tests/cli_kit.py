@@ -1,5 +1,5 @@
 """Running what an operator runs: the ``kubeplex`` CLI in a subprocess, and commands inside a
-network namespace."""
+network namespace; the lab's configuration and manifests to run it on."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
+
+LAB = Path(__file__).resolve().parents[1] / "testing" / "lab"
+#: ``kubeplex render`` of the lab.
+RENDER_LAB = ("render", "--config", str(LAB / "config.yaml"), "--manifests", str(LAB / "manifests"))
 
 
 def kubeplex(

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from cli_kit import in_netns, kubeplex
+from cli_kit import LAB, RENDER_LAB, kubeplex
 
 from kubeplex.core.cli import main as cli
 from kubeplex.core.cli import render as render_cmd
@@ -17,17 +17,11 @@ from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
 from kubeplex.core.daemon import sysctls
 from kubeplex.core.dataplane.backend import CONTRACT_VERSION, Backend
 
-ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "testing" / "lab"
-
 
 def test_version() -> None:
     proc = kubeplex("version")
     assert proc.returncode == 0
     assert proc.stdout.startswith("kubeplex ")
-
-
-RENDER_LAB = ("render", "--config", str(LAB / "config.yaml"), "--manifests", str(LAB / "manifests"))
 
 
 def test_every_command_is_a_module_of_the_dispatch_table() -> None:
@@ -128,45 +122,6 @@ def test_malformed_manifest_is_reported_and_the_rest_renders(tmp_path: Path) -> 
     assert "Service default/bad: spec.ports[0].port: must be between 1 and 65535" in proc.stderr
     assert str(tmp_path / "bad.yaml") in proc.stderr
     assert "KUBE-SVC-LOLE4ISW44XBNF3G" in proc.stdout
-
-
-@pytest.mark.kernel
-def test_run_once_programs_and_cleanup_removes(netns: str) -> None:
-    args = ("--config", str(LAB / "config.yaml"), "--netns", netns)
-    proc = kubeplex("run", *args, "--manifests", str(LAB / "manifests"), "--once")
-    assert proc.returncode == 0, proc.stderr
-    saved = in_netns(netns, "iptables-save", "-t", "nat")
-    assert "-A KUBE-SVC-LOLE4ISW44XBNF3G" in saved
-    assert (
-        '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES' in saved
-    )
-
-    proc = kubeplex("cleanup", *args)
-    assert proc.returncode == 0, proc.stderr
-    removed = proc.stdout.splitlines()
-    assert removed and all(line.startswith("removed ") for line in removed)
-    assert any("KUBE-SVC-LOLE4ISW44XBNF3G" in line for line in removed)
-    saved = in_netns(netns, "iptables-save")
-    assert "KUBE-SVC-" not in saved
-    assert "KUBE-SERVICES" not in saved
-    proc = kubeplex("cleanup", *args)
-    assert (proc.returncode, proc.stdout) == (0, "nothing to remove\n")
-
-
-@pytest.mark.kernel
-def test_render_prints_what_the_next_apply_sends_to_this_node(netns: str) -> None:
-    """With the node's kernel read, render holds what it has left over; without, the rules
-    alone."""
-    args = (*RENDER_LAB, "--netns", netns)
-    run = ("run", *args[1:], "--once")
-    assert kubeplex(*run).returncode == 0
-    in_netns(netns, "iptables", "-t", "nat", "-N", "KUBE-SVC-LEFTOVER0000000")
-    observed = kubeplex(*args)
-    assert observed.returncode == 0, observed.stderr
-    assert "-X KUBE-SVC-LEFTOVER0000000" in observed.stdout
-    alone = kubeplex(*args, "--no-observe")
-    assert "LEFTOVER" not in alone.stdout
-    assert alone.stdout == kubeplex(*RENDER_LAB, "--no-observe").stdout
 
 
 def test_run_needs_a_source() -> None:

@@ -1,0 +1,46 @@
+"""The command line on a node: ``kubeplex run --once``, ``cleanup`` and ``render`` in a scratch
+network namespace (tests/unit/test_cli.py runs the rest without root)."""
+
+from __future__ import annotations
+
+import pytest
+from cli_kit import LAB, RENDER_LAB, in_netns, kubeplex
+
+
+@pytest.mark.kernel
+def test_run_once_programs_and_cleanup_removes(netns: str) -> None:
+    args = ("--config", str(LAB / "config.yaml"), "--netns", netns)
+    proc = kubeplex("run", *args, "--manifests", str(LAB / "manifests"), "--once")
+    assert proc.returncode == 0, proc.stderr
+    saved = in_netns(netns, "iptables-save", "-t", "nat")
+    assert "-A KUBE-SVC-LOLE4ISW44XBNF3G" in saved
+    assert (
+        '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES' in saved
+    )
+
+    proc = kubeplex("cleanup", *args)
+    assert proc.returncode == 0, proc.stderr
+    removed = proc.stdout.splitlines()
+    assert removed and all(line.startswith("removed ") for line in removed)
+    assert any("KUBE-SVC-LOLE4ISW44XBNF3G" in line for line in removed)
+    saved = in_netns(netns, "iptables-save")
+    assert "KUBE-SVC-" not in saved
+    assert "KUBE-SERVICES" not in saved
+    proc = kubeplex("cleanup", *args)
+    assert (proc.returncode, proc.stdout) == (0, "nothing to remove\n")
+
+
+@pytest.mark.kernel
+def test_render_prints_what_the_next_apply_sends_to_this_node(netns: str) -> None:
+    """With the node's kernel read, render holds what it has left over; without, the rules
+    alone."""
+    args = (*RENDER_LAB, "--netns", netns)
+    run = ("run", *args[1:], "--once")
+    assert kubeplex(*run).returncode == 0
+    in_netns(netns, "iptables", "-t", "nat", "-N", "KUBE-SVC-LEFTOVER0000000")
+    observed = kubeplex(*args)
+    assert observed.returncode == 0, observed.stderr
+    assert "-X KUBE-SVC-LEFTOVER0000000" in observed.stdout
+    alone = kubeplex(*args, "--no-observe")
+    assert "LEFTOVER" not in alone.stdout
+    assert alone.stdout == kubeplex(*RENDER_LAB, "--no-observe").stdout
