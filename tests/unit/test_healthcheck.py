@@ -8,13 +8,12 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import pytest
+from http_kit import serving_loop
 
 from kubeplex.core.config.kubeproxy import default_config
 from kubeplex.core.daemon.healthcheck import (
@@ -42,7 +41,6 @@ from kubeplex.core.model.errors import BackendError, KubeplexError
 from kubeplex.core.model.graph import ProxyState
 from kubeplex.core.model.types import IPFamily
 from kubeplex.testing.dataplane import endpoint, endpoint_slice, service
-from kubeplex.testing.netlab import unique_prefix
 
 NODE = "node-a"
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
@@ -82,11 +80,7 @@ def refused(port: int) -> bool:
 
 @pytest.fixture
 def serving() -> Iterator[HTTPServing]:
-    loop = HTTPServing()
-    try:
-        yield loop
-    finally:
-        loop.stop()
+    yield from serving_loop()
 
 
 # ------------------------------------------------------------------------------ proxy health
@@ -466,34 +460,3 @@ def test_parse_bind_address_allows_port_zero_for_tests() -> None:
     assert parse_bind_address("[::1]:0") == ("::1", 0)
     with pytest.raises(ValueError):
         parse_bind_address("localhost:10256")
-
-
-# --------------------------------------------------------------------------------- the kernel
-
-
-@pytest.mark.kernel
-def test_listeners_open_inside_the_nodes_namespace(serving: HTTPServing) -> None:
-    ns = f"{unique_prefix()}-hc"  # reap_stale() finds it if this process dies
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    server = None
-    try:
-        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
-        server = ProxyHealthServer(serving, ProxyHealth(1.0), "127.0.0.1", 0, netns=ns)
-        port = server.address[1]
-        probe = (
-            "import http.client\n"
-            f"c = http.client.HTTPConnection('127.0.0.1', {port}, timeout=5)\n"
-            "c.request('GET', '/livez')\n"
-            "print(c.getresponse().status)\n"
-        )
-        out = subprocess.run(
-            ["ip", "netns", "exec", ns, sys.executable, "-c", probe],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        assert out.stdout.strip() == "200"
-    finally:
-        if server is not None:
-            server.close()
-        subprocess.run(["ip", "netns", "del", ns], check=False)

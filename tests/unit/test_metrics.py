@@ -6,12 +6,11 @@ from __future__ import annotations
 import http.client
 import logging
 import re
-import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pytest
+from http_kit import serving_loop
 
 from kubeplex.core.config.kubeproxy import default_config, with_overrides
 from kubeplex.core.daemon.healthcheck import HTTPServing
@@ -41,7 +40,6 @@ from kubeplex.core.model.graph import ProxyState
 from kubeplex.core.model.types import IPFamily
 from kubeplex.testing import fakes
 from kubeplex.testing.dataplane import endpoint, endpoint_slice, service
-from kubeplex.testing.netlab import unique_prefix
 
 NODE = "node-a"
 T0 = 1_700_000_000.0
@@ -444,11 +442,7 @@ def test_pending_and_change_counts() -> None:
 
 @pytest.fixture
 def serving() -> Iterator[HTTPServing]:
-    loop = HTTPServing()
-    try:
-        yield loop
-    finally:
-        loop.stop()
+    yield from serving_loop()
 
 
 def test_metrics_server_serves_metrics_proxymode_and_healthz(serving: HTTPServing) -> None:
@@ -469,43 +463,6 @@ def test_metrics_server_serves_metrics_proxymode_and_healthz(serving: HTTPServin
         finally:
             conn.close()
             server.close()
-
-
-# -------------------------------------------------------------------------------- the kernel
-
-
-@pytest.mark.kernel
-def test_nfacct_counter_is_read_in_the_nodes_namespace() -> None:
-    ns = f"{unique_prefix()}-nfacct"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-
-        def run(*argv: str) -> None:
-            subprocess.run(["ip", "netns", "exec", ns, *argv], check=True, capture_output=True)
-
-        run("ip", "link", "set", "lo", "up")
-        if subprocess.run(
-            ["ip", "netns", "exec", ns, "nfacct", "add", NFACCT_LOCALHOST_NODEPORTS_ACCEPTED],
-            capture_output=True,
-        ).returncode:
-            pytest.skip("nfacct not available")
-        cfg = default_config()
-        backend = plugins.load_backend("iptables", BackendContext(cfg, NODE, netns=ns))
-        m = ProxyMetrics(backend, process_collectors=False)
-        name = "kubeproxy_iptables_localhost_nodeports_accepted_packets_total"
-        assert m.value(name) == 0
-        assert m.value("kubeproxy_iptables_ct_state_invalid_dropped_packets_total") is None
-        run(
-            "iptables", "-A", "OUTPUT", "-o", "lo", "-p", "udp", "--dport", "9",
-            "-m", "nfacct", "--nfacct-name", NFACCT_LOCALHOST_NODEPORTS_ACCEPTED,
-        )  # fmt: skip
-        script = (
-            "import socket\nfor _ in range(3): socket.socket(2, 2).sendto(b'x', ('127.0.0.1', 9))"
-        )
-        run(sys.executable, "-c", script)
-        assert m.value(name) == 3
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
 # ------------------------------------------------------------------------- failure counters
