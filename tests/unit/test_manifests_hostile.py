@@ -8,78 +8,18 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_kit import in_netns, kubeplex
+from cli_kit import LAB, kubeplex
+from hostile_kit import HOSTILE, alias_bomb
 from test_manifests import NODE, V4, service_yaml, services, spn, write
 
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.sources import manifest_loader
 from kubeplex.core.sources.manifests import ManifestSource
 
-ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "testing" / "lab"
-
 
 @pytest.fixture
 def cluster() -> ClusterState:
     return ClusterState(NODE, families=(V4,))
-
-
-def deep_yaml(levels: int) -> str:
-    return (
-        "apiVersion: v1\nkind: Service\nmetadata: {name: deep, namespace: prod}\n"
-        "spec:\n  clusterIP: 10.96.0.9\n  ports: [{name: http, port: 80}]\n"
-        f"  extra: {'[' * levels}{']' * levels}\n"
-    )
-
-
-def deep_json(levels: int) -> str:
-    return (
-        '{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "deep"}, '
-        f'"spec": {{"x": {"[" * levels}{"]" * levels}}}}}'
-    )
-
-
-def alias_bomb(levels: int = 9, field: str = "spec") -> str:
-    """The billion laughs: each level nine aliases of the one before (9**9 strings)."""
-    pad = "    " if field == "namespace" else "  "
-    lines = [f'{pad}a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
-    for i in range(1, levels):
-        lines.append(f"{pad}a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 9)}]")
-    body = "\n".join(lines) + "\n"
-    if field == "namespace":
-        return (
-            "apiVersion: v1\nkind: Service\nmetadata:\n  name: bomb\n  namespace:\n"
-            + body
-            + "spec: {clusterIP: 10.96.0.9, ports: [{name: http, port: 80}]}\n"
-        )
-    return (
-        "apiVersion: v1\nkind: Service\nmetadata: {name: bomb, namespace: prod}\n"
-        "spec:\n  clusterIP: 10.96.0.9\n  ports: [{name: http, port: 80}]\n" + body
-    )
-
-
-NODE_TYPE_LIST = (
-    "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\n"
-    "status:\n  addresses:\n  - {type: [InternalIP], address: 172.18.0.5}\n"
-)
-
-#: file name, text, what the one error about it says.
-HOSTILE = [
-    ("list-items.yaml", "apiVersion: v1\nkind: List\nitems: 5\n", "items: must be a list, got 5"),
-    ("node-type.yaml", NODE_TYPE_LIST, "status.addresses[0].type: must be a string"),
-    ("deep.yaml", deep_yaml(995), "nested deeper than 100 levels"),
-    ("deep.json", deep_json(100_000), "nested deeper than 100 levels"),
-    ("deep-900.json", deep_json(900), "nested deeper than 100 levels"),
-    ("bomb.yaml", alias_bomb(), "aliases expand"),
-    ("bomb-ns.yaml", alias_bomb(field="namespace"), "aliases expand"),
-    ("recursive.yaml", "kind: Service\nmetadata: &m {name: r, x: [*m]}\n", "recursive alias"),
-    ("name-list.yaml", "kind: Service\nmetadata: {name: [a], namespace: prod}\n", "metadata.name"),
-    (
-        "ns-map.yaml",
-        "kind: Service\nmetadata: {name: a, namespace: {x: 1}}\n",
-        "metadata.namespace",
-    ),
-]
 
 
 @pytest.mark.parametrize(("name", "text", "says"), HOSTILE, ids=[h[0] for h in HOSTILE])
@@ -208,25 +148,6 @@ def test_render_exits_3_naming_the_file(tmp_path: Path, name: str, text: str, sa
     (line,) = [ln for ln in proc.stderr.splitlines() if str(tmp_path / name) in ln]
     assert says in line
     assert "KUBE-SVC-LOLE4ISW44XBNF3G" in proc.stdout  # the rest rendered
-
-
-@pytest.mark.kernel
-def test_run_once_exits_3_naming_each_file_and_programs_the_rest(
-    tmp_path: Path, netns: str
-) -> None:
-    folder = tmp_path / "m"
-    folder.mkdir()
-    (folder / "web.yaml").write_text((LAB / "manifests" / "web.yaml").read_text())
-    for name, text, _ in HOSTILE:
-        (folder / name).write_text(text)
-    args = ("--config", str(LAB / "config.yaml"), "--netns", netns, "--manifests", str(folder))
-    proc = kubeplex("run", *args, "--once")
-    assert proc.returncode == 3, proc.stderr
-    assert "Traceback" not in proc.stderr
-    for name, _, says in HOSTILE:
-        (line,) = [ln for ln in proc.stderr.splitlines() if str(folder / name) in ln]
-        assert says in line
-    assert "KUBE-SVC-LOLE4ISW44XBNF3G" in in_netns(netns, "iptables-save", "-t", "nat")
 
 
 def test_an_unreadable_root_at_start_is_exit_3(tmp_path: Path) -> None:
