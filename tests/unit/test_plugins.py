@@ -15,8 +15,8 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import cli_kit
 import pytest
+from plugins_kit import RECORDING, kubeplex, own_trust_list, require_example, write_trust
 
 from kubeplex.core.config.kubeproxy import default_config
 from kubeplex.core.daemon.proxier import Proxier
@@ -40,38 +40,15 @@ ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "testing" / "lab"
 EXAMPLE = ROOT / "tests" / "plugins" / "kubeplex-example-backend"
 
-RECORDING = """
-[backends.recording]
-entry-point = "kubeplex_example_backend:RecordingBackend"
-platform = "linux"
-capabilities = ["ipv6", "render-only"]
-"""
-
 
 @pytest.fixture(autouse=True)
 def _own_trust_list(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every test starts from the packaged default, whatever this machine has configured."""
-    monkeypatch.delenv(plugins.ENV_VAR, raising=False)
-    monkeypatch.setattr(plugins, "SYSTEM_TRUST_FILE", Path("/nonexistent/kubeplex/plugins.toml"))
-    plugins.use_trust_file(None)
-    yield
-    plugins.use_trust_file(None)
+    yield from own_trust_list(monkeypatch)
 
 
 @pytest.fixture
 def example() -> None:
-    """The example backend, installed as a third party would install it."""
-    if "recording" not in plugins.available():
-        message = "pip install tests/plugins/kubeplex-example-backend (scripts/setup.sh does)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-
-
-def write_trust(path: Path, *entries: str, with_default: bool = False) -> Path:
-    base = Path(plugins.packaged_trust_file()).read_text() if with_default else "version = 1\n"
-    path.write_text(base + "".join(entries))
-    return path
+    require_example()
 
 
 def fake_plugin(root: Path, dist: str, mode: str, module: str, source: str) -> str:
@@ -90,18 +67,6 @@ import os, pathlib
 pathlib.Path(os.environ["KUBEPLEX_TEST_MARKER"]).write_text("imported")
 from kubeplex.core.dataplane.backend import Backend
 """
-
-
-def kubeplex(
-    *args: str, path: Path | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if k != plugins.ENV_VAR}
-    if path is not None:
-        full_env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(path), os.environ.get("PYTHONPATH", "")) if p
-        )
-    full_env.update(env or {})
-    return cli_kit.kubeplex(*args, env=full_env, timeout=60)
 
 
 def render_args(mode: str) -> tuple[str, ...]:
@@ -428,25 +393,6 @@ def test_render_exception_keeps_the_previous_rules_and_the_next_sync_is_full(
     assert backend.history[-1].startswith('{"family":"IPv4","op":"full"}\n')
     assert NEW_ENDPOINT in file.read_text()
     assert file.read_text() == backend.applied_text
-
-
-@pytest.mark.kernel
-def test_run_and_cleanup_with_the_example_backend(
-    tmp_path: Path, example: None, netns: str
-) -> None:
-    out = tmp_path / "rules"
-    trust = write_trust(
-        tmp_path / "p.toml", RECORDING, f'[backends.recording.options]\ndirectory = "{out}"\n'
-    )
-    common = ("--proxy-mode", "recording", "--netns", netns, "--plugins", str(trust))
-    args = ("--config", str(LAB / "config.yaml"), "--hostname-override", "kind-worker")
-    proc = kubeplex("run", *common, *args, "--manifests", str(LAB / "manifests"), "--once")
-    assert proc.returncode == 0, proc.stderr
-    lines = [json.loads(ln) for ln in (out / "kind-worker.jsonl").read_text().splitlines()]
-    assert {ln.get("clusterIP") for ln in lines} >= {"10.96.88.59"}
-    proc = kubeplex("cleanup", *common, *args)
-    assert proc.returncode == 0, proc.stderr
-    assert not (out / "kind-worker.jsonl").exists()
 
 
 # ------------------------------------------------------------------------- kubeplex backends
