@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -16,9 +14,8 @@ from typing import Any
 
 import kubernetes.client as k8s
 import pytest
-import yaml
 from apiserver import DEFAULT_RESOURCES, KUBE_PROXY_PERMISSIONS, FakeApiServer, RequestRecord
-from cli_kit import in_netns
+from kubeapi_kit import rbac_server, write_config
 
 from kubeplex.core.cli import main as cli
 from kubeplex.core.cli import run as run_command
@@ -40,7 +37,6 @@ from kubeplex.core.sources.kubeapi import (
 
 NODE = "kind-worker"
 NS = "default"
-LAB = Path(__file__).resolve().parents[2] / "testing" / "lab"
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -126,16 +122,7 @@ class SpyCluster(GatedClusterState):
 
 @pytest.fixture
 def srv(request: pytest.FixtureRequest) -> Iterator[FakeApiServer]:
-    knobs: dict[str, Any] = {"bookmark_interval": 0.2, "too_large_rv_wait": 0.2}
-    knobs.update(getattr(request, "param", {}))
-    server = FakeApiServer(authorizer=set(KUBE_PROXY_PERMISSIONS), **knobs).start()
-    try:
-        yield server
-        # Every test proves kubeplex stays within kube-proxy's RBAC.
-        assert server.verbs_used() <= KUBE_PROXY_PERMISSIONS, server.verbs_used()
-        assert not [r for r in server.requests if r.status == 403]
-    finally:
-        server.stop()
+    yield from rbac_server(request)
 
 
 @pytest.fixture
@@ -598,14 +585,6 @@ def test_invalid_service_cidr_becomes_an_event_and_is_not_programmed(
 # ------------------------------------------------------------------------------------ CLI
 
 
-def write_config(tmp_path: Path, kubeconfig: Path) -> Path:
-    cfg = yaml.safe_load((LAB / "config.yaml").read_text())
-    cfg["clientConnection"] = {"kubeconfig": str(kubeconfig)}
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
 def test_run_once_with_an_unreachable_api_fails_after_a_bounded_wait(
     srv: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -621,34 +600,3 @@ def test_run_once_with_an_unreachable_api_fails_after_a_bounded_wait(
             signal.signal(s, h)
     assert code == cli.EXIT_SYNC_FAILED
     assert time.monotonic() - started < 5
-
-
-@pytest.mark.kernel
-def test_run_once_from_the_api_programs_a_namespace(
-    srv: FakeApiServer, tmp_path: Path, netns: str
-) -> None:
-    for file in ("node.yaml", "web.yaml"):
-        for doc in yaml.safe_load_all((LAB / "manifests" / file).read_text()):
-            srv.create(doc["kind"], doc)
-    config = write_config(tmp_path, srv.write_kubeconfig(tmp_path / "kubeconfig"))
-    args = ["--config", str(config), "--netns", netns]
-    proc = subprocess.run(
-        [sys.executable, "-m", "kubeplex.core.cli.main", "run", *args, "--once", "-v", "1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    try:
-        assert proc.returncode == 0, proc.stderr
-        assert "initial list complete" in proc.stderr
-        saved = in_netns(netns, "iptables-save", "-t", "nat")
-        assert "-A KUBE-SVC-LOLE4ISW44XBNF3G" in saved
-        assert "--dport 30080" in saved
-    finally:
-        subprocess.run(
-            [sys.executable, "-m", "kubeplex.core.cli.main", "cleanup", *args],
-            capture_output=True,
-            check=False,
-        )
-    assert {("list", "services"), ("list", "endpointslices"), ("list", "nodes")} <= srv.verbs_used()
