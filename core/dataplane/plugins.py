@@ -14,21 +14,21 @@ Which list is in effect, first found wins: ``--plugins FILE`` (:func:`use_trust_
 ``KUBEPLEX_PLUGINS`` environment variable, ``/etc/kubeplex/plugins.toml``, and the packaged
 default ``kubeplex/core/dataplane/plugins.toml``. A list replaces the default, it does not add
 to it.
+
+This module holds the list in effect, the loader (the only user of stevedore) and the survey;
+the list's format is in ``trust``, the node checks in ``requirements`` and the metadata of
+installed entry points in ``entrypoints``, whose names are importable from here as well.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import platform as _platform
-import re
-import shutil
 import stat
 import sys
-import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from importlib.metadata import EntryPoint, entry_points
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint
 from importlib.resources import files
 from pathlib import Path
 from types import MappingProxyType
@@ -37,10 +37,24 @@ from typing import Any
 from stevedore import DriverManager
 
 from kubeplex.core.dataplane.backend import Backend, BackendContext
+from kubeplex.core.dataplane.entrypoints import BUILTIN_MODES as BUILTIN_MODES
+from kubeplex.core.dataplane.entrypoints import GROUP as GROUP
+from kubeplex.core.dataplane.entrypoints import available as available
+from kubeplex.core.dataplane.entrypoints import installed as installed
+from kubeplex.core.dataplane.entrypoints import known_modes as known_modes
+from kubeplex.core.dataplane.entrypoints import origin_of as origin_of
+from kubeplex.core.dataplane.entrypoints import target_of as target_of
+from kubeplex.core.dataplane.requirements import kernel_module_available as kernel_module_available
+from kubeplex.core.dataplane.requirements import missing_on_node as missing_on_node
+from kubeplex.core.dataplane.requirements import this_platform as this_platform
+from kubeplex.core.dataplane.trust import KNOWN_CAPABILITIES as KNOWN_CAPABILITIES
+from kubeplex.core.dataplane.trust import PLATFORMS as PLATFORMS
+from kubeplex.core.dataplane.trust import SCHEMA_VERSION as SCHEMA_VERSION
+from kubeplex.core.dataplane.trust import Requirements as Requirements
+from kubeplex.core.dataplane.trust import TrustedBackend as TrustedBackend
+from kubeplex.core.dataplane.trust import TrustList as TrustList
+from kubeplex.core.dataplane.trust import parse_trust_list as parse_trust_list
 from kubeplex.core.model.errors import FieldError, InvalidObject, KubeplexError
-
-GROUP = "kubeplex.backends"
-BUILTIN_MODES = ("iptables", "nftables", "ipvs", "kernelspace")
 
 #: The environment variable naming an operator's trust list.
 ENV_VAR = "KUBEPLEX_PLUGINS"
@@ -48,191 +62,10 @@ ENV_VAR = "KUBEPLEX_PLUGINS"
 SYSTEM_TRUST_FILE = Path("/etc/kubeplex/plugins.toml")
 #: The packaged default, inside the ``kubeplex.core`` package.
 PACKAGED_NAME = "plugins.toml"
-SCHEMA_VERSION = 1
-
-PLATFORMS = ("linux", "windows")
-#: Capabilities kubeplex and its test kit know the meaning of (docs/backends.md). A backend
-#: may declare others; these are the ones the core and the conformance kit act on.
-KNOWN_CAPABILITIES = frozenset(
-    {
-        "dsr",
-        "ipv6",
-        "load-balancer-source-ranges",
-        "localhost-nodeports",
-        "reject-unused-clusterip-ports",
-        "render-only",
-        "sctp",
-        "session-affinity",
-    }
-)
-
-_MODE_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
-_TARGET_RE = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
-_CAPABILITY_RE = re.compile(r"[a-z0-9][a-z0-9-]*")
-_VERSION_RE = re.compile(r"\d+(\.\d+){0,2}")
-_MODULE_RE = re.compile(r"[A-Za-z0-9_-]+")
-
-_ENTRY_KEYS = ("entry-point", "platform", "description", "capabilities", "requires", "options")
-_REQUIRES_KEYS = ("executables", "kernel-modules", "paths", "min-kernel")
 
 
 class BackendRefused(KubeplexError):
     """An installed backend that the trust list does not allow (it was not imported)."""
-
-
-# ---------------------------------------------------------------------------------- the list
-
-
-@dataclass(frozen=True)
-class Requirements:
-    """What a backend needs on the node it programs (``[backends.MODE.requires]``)."""
-
-    executables: tuple[str, ...] = ()
-    kernel_modules: tuple[str, ...] = ()
-    #: Files or folders that must exist, e.g. ``/proc/sys/net/ipv4/conf/all/route_localnet``.
-    paths: tuple[str, ...] = ()
-    #: Minimal kernel release, e.g. "5.13" ("" = any).
-    min_kernel: str = ""
-
-
-@dataclass(frozen=True)
-class TrustedBackend:
-    """One ``[backends.MODE]`` entry of the trust list."""
-
-    mode: str
-    #: The only entry point (``module:attr``) that may provide this mode.
-    entry_point: str
-    platforms: tuple[str, ...]
-    capabilities: frozenset[str] = frozenset()
-    requires: Requirements = Requirements()
-    description: str = ""
-    #: Backend-specific settings (``[backends.MODE.options]``), see :func:`backend_options`.
-    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-
-
-@dataclass(frozen=True)
-class TrustList:
-    """A parsed ``plugins.toml``; ``where`` is its path, ``origin`` why it is the one used."""
-
-    where: str
-    origin: str
-    backends: Mapping[str, TrustedBackend]
-
-    def entry(self, mode: str) -> TrustedBackend | None:
-        return self.backends.get(mode)
-
-    @property
-    def is_packaged_default(self) -> bool:
-        return self.origin == "packaged default"
-
-
-def parse_trust_list(text: str, where: str, origin: str = "") -> TrustList:
-    """Parse and validate a trust list; every problem is reported, naming the key."""
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise InvalidObject(where, [FieldError("", f"not valid TOML: {err}")]) from err
-    errs: list[FieldError] = []
-    for key in doc:
-        if key not in ("version", "backends"):
-            errs.append(FieldError(key, "unknown key (known: version, backends)"))
-    version = doc.get("version", SCHEMA_VERSION)
-    if version != SCHEMA_VERSION:
-        errs.append(FieldError("version", f"must be {SCHEMA_VERSION}, got {version!r}"))
-    table = doc.get("backends", {})
-    backends: dict[str, TrustedBackend] = {}
-    if not isinstance(table, dict):
-        errs.append(FieldError("backends", "must be a table ([backends.MODE] sections)"))
-        table = {}
-    for mode, raw in table.items():
-        entry = _parse_entry(mode, raw, errs)
-        if entry is not None:
-            backends[mode] = entry
-    if errs:
-        raise InvalidObject(where, errs)
-    return TrustList(where, origin, MappingProxyType(backends))
-
-
-def _strings(value: object, path: str, errs: list[FieldError]) -> tuple[str, ...]:
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
-        return tuple(value)
-    errs.append(FieldError(path, f"must be a list of non-empty strings, got {value!r}"))
-    return ()
-
-
-def _parse_entry(mode: str, raw: object, errs: list[FieldError]) -> TrustedBackend | None:
-    at = f"backends.{mode}"
-    if not _MODE_RE.fullmatch(mode):
-        errs.append(FieldError(at, "a mode name is lower-case letters, digits, '.', '-', '_'"))
-        return None
-    if not isinstance(raw, dict):
-        errs.append(FieldError(at, "must be a table"))
-        return None
-    before = len(errs)
-    for key in raw:
-        if key not in _ENTRY_KEYS:
-            errs.append(FieldError(f"{at}.{key}", f"unknown key (known: {', '.join(_ENTRY_KEYS)})"))
-    target = raw.get("entry-point")
-    if not isinstance(target, str) or not _TARGET_RE.fullmatch(target.strip()):
-        errs.append(FieldError(f"{at}.entry-point", f'required, as "module:attr", got {target!r}'))
-        target = ""
-    if "platform" not in raw:
-        errs.append(FieldError(f"{at}.platform", f"required: one of {', '.join(PLATFORMS)}"))
-    platforms = _strings(raw.get("platform", "linux"), f"{at}.platform", errs)
-    for p in platforms:
-        if p not in PLATFORMS:
-            errs.append(FieldError(f"{at}.platform", f"{p!r}: not one of {', '.join(PLATFORMS)}"))
-    caps = _strings(raw.get("capabilities", []), f"{at}.capabilities", errs)
-    for cap in caps:
-        if not _CAPABILITY_RE.fullmatch(cap):
-            errs.append(FieldError(f"{at}.capabilities", f"{cap!r}: lower-case words with '-'"))
-    description = raw.get("description", "")
-    if not isinstance(description, str):
-        errs.append(FieldError(f"{at}.description", "must be a string"))
-        description = ""
-    options = raw.get("options", {})
-    if not isinstance(options, dict):
-        errs.append(FieldError(f"{at}.options", "must be a table"))
-        options = {}
-    requires = _parse_requires(raw.get("requires", {}), f"{at}.requires", errs)
-    if len(errs) > before:
-        return None
-    return TrustedBackend(
-        mode=mode,
-        entry_point=target.strip(),
-        platforms=platforms,
-        capabilities=frozenset(caps),
-        requires=requires,
-        description=description,
-        options=MappingProxyType(dict(options)),
-    )
-
-
-def _parse_requires(raw: object, at: str, errs: list[FieldError]) -> Requirements:
-    if not isinstance(raw, dict):
-        errs.append(FieldError(at, "must be a table"))
-        return Requirements()
-    for key in raw:
-        if key not in _REQUIRES_KEYS:
-            errs.append(
-                FieldError(f"{at}.{key}", f"unknown key (known: {', '.join(_REQUIRES_KEYS)})")
-            )
-    executables = _strings(raw.get("executables", []), f"{at}.executables", errs)
-    modules = _strings(raw.get("kernel-modules", []), f"{at}.kernel-modules", errs)
-    for m in modules:
-        if not _MODULE_RE.fullmatch(m):
-            errs.append(FieldError(f"{at}.kernel-modules", f"{m!r}: not a module name"))
-    paths = _strings(raw.get("paths", []), f"{at}.paths", errs)
-    for p in paths:
-        if not p.startswith("/"):
-            errs.append(FieldError(f"{at}.paths", f"{p!r}: must be an absolute path"))
-    min_kernel = raw.get("min-kernel", "")
-    if not isinstance(min_kernel, str) or (min_kernel and not _VERSION_RE.fullmatch(min_kernel)):
-        errs.append(FieldError(f"{at}.min-kernel", f'a release like "5.13", got {min_kernel!r}'))
-        min_kernel = ""
-    return Requirements(executables, modules, paths, min_kernel)
 
 
 # ------------------------------------------------------------------------- which list is used
@@ -308,60 +141,7 @@ def load_trust_list(path: str | os.PathLike[str] | None = None) -> TrustList:
     return parse_trust_list(text, where, origin)
 
 
-# ------------------------------------------------------------------------------- requirements
-
-
-def this_platform() -> str:
-    return "windows" if sys.platform == "win32" else sys.platform
-
-
-def _release_tuple(release: str) -> tuple[int, ...]:
-    m = re.match(r"\d+(\.\d+)*", release)
-    return tuple(int(p) for p in m.group(0).split(".")) if m else ()
-
-
-def kernel_module_available(name: str, release: str | None = None) -> bool:
-    """Loaded or built in (``/sys/module``), or loadable (``modules.builtin``/``modules.dep``)."""
-    wanted = name.replace("-", "_")
-    if Path("/sys/module", wanted).exists():
-        return True
-    moddir = Path("/lib/modules", release or _platform.release())
-    for index in ("modules.builtin", "modules.dep"):
-        try:
-            text = (moddir / index).read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
-        for line in text.splitlines():
-            base = line.split(":", 1)[0].rsplit("/", 1)[-1]
-            if base.split(".ko", 1)[0].replace("-", "_") == wanted:
-                return True
-    return False
-
-
-def missing_on_node(entry: TrustedBackend) -> list[str]:
-    """What this node lacks of what ``entry`` declares (empty: all there)."""
-    here = this_platform()
-    missing: list[str] = []
-    if here not in entry.platforms:
-        missing.append(f"platform {' or '.join(entry.platforms)} required, this node runs {here}")
-        return missing  # the rest describes another kind of node
-    req = entry.requires
-    missing += [
-        f"executable {t!r} not found in PATH" for t in req.executables if not shutil.which(t)
-    ]
-    release = _platform.release()
-    missing += [
-        f"kernel module {m!r} is not loaded, built in or loadable "
-        f"(/sys/module, /lib/modules/{release})"
-        for m in req.kernel_modules
-        if not kernel_module_available(m, release)
-    ]
-    missing += [f"{p} does not exist" for p in req.paths if not os.path.exists(p)]
-    if req.min_kernel and here == "linux":
-        have = _release_tuple(release)
-        if have < _release_tuple(req.min_kernel):
-            missing.append(f"kernel {release} is older than the required {req.min_kernel}")
-    return missing
+# ------------------------------------------------------------------------- the list, asked
 
 
 def missing_requirements(
@@ -385,33 +165,7 @@ def backend_options(mode: str, trust: TrustList | None = None) -> Mapping[str, A
     return entry.options if entry is not None else MappingProxyType({})
 
 
-# ---------------------------------------------------------------------------- entry points
-
-
-def available() -> dict[str, EntryPoint]:
-    """Installed backends by mode name, without importing any of them (one per name: see
-    :func:`installed` for every claimant)."""
-    return {ep.name: ep for ep in entry_points(group=GROUP)}
-
-
-def installed(mode: str | None = None) -> list[EntryPoint]:
-    """Every installed entry point of the group (of ``mode``), none of them imported."""
-    return [ep for ep in entry_points(group=GROUP) if mode is None or ep.name == mode]
-
-
-def known_modes() -> tuple[str, ...]:
-    return tuple(sorted(set(BUILTIN_MODES) | set(available())))
-
-
-def target_of(ep: EntryPoint) -> str:
-    """``module:attr`` of an entry point, without extras or spaces."""
-    return re.sub(r"\s+", "", ep.value.split("[", 1)[0])
-
-
-def origin_of(ep: EntryPoint) -> str:
-    """The distribution that registered ``ep`` ("name version"), as far as it is known."""
-    dist = getattr(ep, "dist", None)
-    return f"{dist.name} {dist.version}" if dist is not None else "unknown distribution"
+# ------------------------------------------------------------------------------ the loader
 
 
 def allow_hint(mode: str, target: str, trust: TrustList) -> str:
