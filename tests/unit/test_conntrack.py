@@ -1,0 +1,343 @@
+"""Conntrack cleanup after a sync, without the kernel: which entries are stale, and which flows
+a table's clearing deletes (tests/kernel/test_conntrack_kernel.py sends real UDP flows)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+
+from kubeplex.core.daemon.conntrack import (
+    SCTP,
+    UDP,
+    ConntrackCleaner,
+    Flow,
+    FlowFilter,
+    FrontendFilter,
+    NetlinkConntrack,
+    clear_flows,
+    stale_flow_filters,
+)
+from kubeplex.core.dataplane.backend import SyncResult
+from kubeplex.core.model.cluster import ClusterState
+from kubeplex.core.model.types import IPFamily
+from kubeplex.testing.dataplane import endpoint, endpoint_slice, service
+
+NODE = "node-a"
+VIP = "10.96.0.10"
+EP_A, EP_B = "10.244.1.2", "10.244.2.2"
+
+
+# ----------------------------------------------------------------------------- stale filters
+
+
+def udp_service(**extra: Any) -> dict[str, Any]:
+    return service(
+        "dns", VIP, 53, target_port=8081, protocol="UDP", type="LoadBalancer", node_port=30053,
+        external_ips=["192.0.2.1"], load_balancer_ips=["192.0.2.2"], **extra,
+    )  # fmt: skip
+
+
+def dns_slice(*ips: str, protocol: str = "UDP") -> dict[str, Any]:
+    return endpoint_slice("dns", [endpoint(ip, NODE) for ip in ips], port=8081, protocol=protocol)
+
+
+def test_a_newly_active_service_clears_only_flows_not_dnated_to_a_serving_endpoint() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(dns_slice(EP_A, EP_B))
+    why = "default/dns has endpoints again"
+    serving = frozenset({(EP_A, 8081), (EP_B, 8081)})
+    plan = stale_flow_filters(state.checkout())[IPFamily.IPv4]
+    assert not plan.full
+    assert plan.filters == (  # 0 -> 2 endpoints: flows that went nowhere are stale
+        FrontendFilter(UDP, VIP, 53, serving, why),
+        FrontendFilter(UDP, "192.0.2.1", 53, serving, why),
+        FrontendFilter(UDP, "192.0.2.2", 53, serving, why),
+        FrontendFilter(UDP, None, 30053, serving, why),
+    )
+    assert plan.frontends == {(UDP, ip, 53) for ip in (VIP, "192.0.2.1", "192.0.2.2")}
+
+
+def test_a_stale_endpoint_clears_flows_to_every_service_address_dnated_to_it() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(dns_slice(EP_A, EP_B))
+    state.checkout()
+    state.set_endpoint_slice(dns_slice(EP_A))
+    why = f"default/dns lost endpoint {EP_B}:8081"
+    assert stale_flow_filters(state.checkout())[IPFamily.IPv4].filters == (
+        FlowFilter(UDP, VIP, None, EP_B, 8081, why),
+        FlowFilter(UDP, "192.0.2.1", None, EP_B, 8081, why),
+        FlowFilter(UDP, "192.0.2.2", None, EP_B, 8081, why),
+        FlowFilter(UDP, None, 30053, EP_B, 8081, why),
+    )
+    state.set_endpoint_slice(dns_slice(EP_A, EP_B, "10.244.2.3"))  # more: nothing is stale
+    assert stale_flow_filters(state.checkout()) == {}
+    state.set_endpoint_slice(dns_slice(EP_A, EP_B, "10.244.2.3"))  # no change either
+    assert stale_flow_filters(state.checkout()) == {}
+
+
+def test_a_full_sync_reconciles_every_connectionless_service() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(dns_slice(EP_A))
+    state.set_service(service("idle", "10.96.0.11", 30053, protocol="UDP"))  # no endpoints
+    state.set_service(service("web", "10.96.0.12", 80))
+    state.set_endpoint_slice(endpoint_slice("web", [endpoint(EP_A, NODE)]))
+    plan = stale_flow_filters(state.checkout(full=True))[IPFamily.IPv4]
+    assert plan.full
+    assert plan.filters == (
+        FrontendFilter(UDP, VIP, 53, frozenset({(EP_A, 8081)}), "default/dns reconciled"),
+        FrontendFilter(UDP, "192.0.2.1", 53, frozenset({(EP_A, 8081)}), "default/dns reconciled"),
+        FrontendFilter(UDP, "192.0.2.2", 53, frozenset({(EP_A, 8081)}), "default/dns reconciled"),
+        FrontendFilter(UDP, None, 30053, frozenset({(EP_A, 8081)}), "default/dns reconciled"),
+        FrontendFilter(UDP, "10.96.0.11", 30053, frozenset(), "default/idle reconciled"),
+    )  # and nothing for TCP
+    # A partial sync asks for it too when the cleaner has not reconciled the family yet.
+    state.set_endpoint_slice(dns_slice(EP_A, EP_B))
+    assert stale_flow_filters(state.checkout(), {IPFamily.IPv4})[IPFamily.IPv4].full
+
+
+def test_a_deleted_service_clears_its_cluster_ip() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(dns_slice(EP_A))
+    state.checkout()
+    state.delete_service("default", "dns")
+    why = f"service IP {VIP} deleted"
+    # The endpoint is stale too, but its Service is gone: the cluster IP covers it.
+    assert stale_flow_filters(state.checkout())[IPFamily.IPv4].filters == (
+        FlowFilter(UDP, VIP, reason=why),
+        FlowFilter(SCTP, VIP, reason=why),
+    )
+
+
+def test_flows_of_a_stale_ip_stay_on_the_ports_a_live_service_still_serves() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    svc = service("sig", VIP, 53, protocol="UDP")
+    svc["spec"]["ports"] = [
+        {"name": "a", "port": 53, "protocol": "UDP"},
+        {"name": "b", "port": 5353, "protocol": "UDP"},
+        {"name": "c", "port": 2905, "protocol": "SCTP"},
+        {"name": "d", "port": 2906, "protocol": "SCTP"},
+    ]
+    state.set_service(svc)
+    state.checkout()
+    svc["spec"]["ports"] = [svc["spec"]["ports"][0], svc["spec"]["ports"][2]]
+    state.set_service(svc)
+    plan = stale_flow_filters(state.checkout())[IPFamily.IPv4]
+    live_udp, gone_udp = flow(VIP, "10.244.1.9", dport=53), flow(VIP, "10.244.1.9", dport=5353)
+    live_sctp = flow(VIP, "10.244.1.9", dport=2905, proto=SCTP)
+    gone_sctp = flow(VIP, "10.244.1.9", dport=2906, proto=SCTP)
+    table = FakeTable([live_udp, gone_udp, live_sctp, gone_sctp])
+    assert clear_flows(table, plan.filters, plan.frontends) == 2
+    assert table.deleted == [gone_udp, gone_sctp]
+
+
+def test_tcp_changes_clear_nothing() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(service("web", VIP, 80))
+    state.set_endpoint_slice(endpoint_slice("web", [endpoint(EP_A, NODE)]))
+    state.checkout()
+    state.set_endpoint_slice(endpoint_slice("web", []))
+    state.delete_service("default", "web")
+    assert stale_flow_filters(state.checkout()) == {}
+
+
+# ---------------------------------------------------------------------------- the clearing
+
+
+def flow(dst: str, reply_src: str, *, proto: int = UDP, dport: int = 53, rport: int = 8081) -> Flow:
+    return Flow(proto, "10.244.1.3", dst, 40000, dport, reply_src, "10.244.1.3", rport, 40000)
+
+
+class FakeTable:
+    def __init__(self, flows: Iterable[Flow], gone: Iterable[Flow] = ()) -> None:
+        self.flows_ = list(flows)
+        self.gone = set(gone)
+        self.deleted: list[Flow] = []
+        self.listed: list[int] = []
+        self.closed = False
+
+    def flows(self, proto: int) -> list[Flow]:
+        self.listed.append(proto)
+        return [f for f in self.flows_ if f.proto == proto]
+
+    def delete(self, flow: Flow) -> bool:
+        if flow in self.gone:
+            return False
+        self.deleted.append(flow)
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_clear_flows_deletes_only_matching_entries_and_counts_real_deletions() -> None:
+    stale = flow(VIP, EP_B)
+    expired = flow(VIP, EP_B, dport=54)
+    table = FakeTable(
+        [
+            stale,
+            expired,
+            flow(VIP, EP_A),  # a live endpoint
+            flow(VIP, EP_B, rport=9000),  # the same pod on its new port
+            flow(VIP, EP_B, proto=SCTP),  # another protocol
+            flow("10.96.0.11", EP_B),  # another Service
+        ],
+        gone=[expired],
+    )
+    assert clear_flows(table, [FlowFilter(UDP, VIP, None, EP_B, 8081)]) == 1
+    assert table.deleted == [stale]
+
+
+def nodeport_flow(reply_src: str, *, rport: int = 8081) -> Flow:
+    return Flow(UDP, "172.18.0.9", "172.18.0.5", 40000, 30053, reply_src, "172.18.0.9", rport,
+                40000)  # fmt: skip
+
+
+def test_full_reconciliation_keeps_flows_dnated_to_serving_endpoints_only() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(dns_slice(EP_A))
+    # A ClusterIP port equal to dns' NodePort: its flows are its own, not NodePort flows.
+    state.set_service(service("metrics", "10.96.0.11", 30053, protocol="UDP"))
+    state.set_endpoint_slice(endpoint_slice("metrics", [endpoint("10.244.2.7", NODE)],
+                                            port=30053, protocol="UDP"))  # fmt: skip
+    state.set_service(service("idle", "10.96.0.12", 53, protocol="UDP"))  # no endpoints
+    plan = stale_flow_filters(state.checkout(full=True))[IPFamily.IPv4]
+    keep = [
+        flow(VIP, EP_A),  # established to the serving endpoint
+        flow("192.0.2.1", EP_A),
+        nodeport_flow(EP_A),
+        flow("10.96.0.11", "10.244.2.7", dport=30053, rport=30053),
+        flow("10.96.0.13", EP_B),  # no Service of ours
+        flow(VIP, EP_B, dport=54),  # another port of the IP
+    ]
+    stale = [
+        flow(VIP, EP_B),  # an endpoint that left while kubeplex was down
+        flow(VIP, EP_A, rport=9000),  # the endpoint's old port
+        flow(VIP, VIP, rport=53),  # never DNATed: blackholed
+        flow("192.0.2.2", VIP, rport=53),
+        nodeport_flow(EP_B),
+        nodeport_flow("172.18.0.5", rport=30053),
+        flow("10.96.0.12", EP_B),  # a Service without serving endpoints (upstream #139628)
+    ]
+    table = FakeTable([*keep, *stale, flow(VIP, EP_B, proto=SCTP)])
+    assert clear_flows(table, plan.filters, plan.frontends) == len(stale)
+    assert table.deleted == stale
+    assert table.listed == [UDP]  # one listing: no SCTP Service, so SCTP is not looked at
+
+
+def test_a_newly_active_service_keeps_flows_that_reach_a_serving_endpoint() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(endpoint_slice("dns", [endpoint(EP_A, NODE, ready=False)],
+                                            port=8081, protocol="UDP"))  # fmt: skip
+    state.checkout(full=True)
+    state.set_endpoint_slice(dns_slice(EP_A))  # ready again: 0 -> 1 serving
+    plan = stale_flow_filters(state.checkout())[IPFamily.IPv4]
+    assert not plan.full
+    table = FakeTable([flow(VIP, EP_A), flow(VIP, VIP, rport=53), nodeport_flow(EP_A)])
+    assert clear_flows(table, plan.filters, plan.frontends) == 1
+    assert table.deleted == [flow(VIP, VIP, rport=53)]
+
+
+def test_cleaner_reconciles_first_then_lists_only_when_something_can_be_stale() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_service(service("web", "10.96.0.12", 80))
+    state.set_endpoint_slice(dns_slice(EP_A))
+    tables: list[FakeTable] = []
+    fail = [True]
+
+    def factory(family: IPFamily) -> FakeTable:
+        if fail[0]:
+            raise PermissionError("netlink: operation not permitted")
+        tables.append(FakeTable([flow(VIP, EP_A), flow(VIP, EP_B)]))
+        return tables[-1]
+
+    cleaner = ConntrackCleaner(table_factory=factory)
+    cleaner(state.checkout(), SyncResult(full=False), 0.0)  # a partial first call: full anyway
+    assert cleaner.errors == 1 and not tables
+    fail[0] = False
+    state.set_endpoint_slice(endpoint_slice("web", [endpoint(EP_B, NODE)]))
+    cleaner(state.checkout(), SyncResult(full=False), 0.0)  # after a failure: full again
+    assert [t.deleted for t in tables] == [[flow(VIP, EP_B)]]
+    for change in (
+        lambda: state.set_endpoint_slice(dns_slice(EP_A, EP_B)),  # more endpoints
+        lambda: state.set_endpoint_slice(endpoint_slice("web", [])),  # TCP
+    ):
+        change()
+        cleaner(state.checkout(), SyncResult(full=False), 0.0)
+    assert len(tables) == 1  # nothing could be stale: the table was not even opened
+    state.set_endpoint_slice(dns_slice(EP_A))
+    cleaner(state.checkout(), SyncResult(full=False), 0.0)
+    assert len(tables) == 2 and tables[1].listed == [UDP]
+    cleaner(state.checkout(full=True), SyncResult(full=True), 0.0)  # a resync, nothing new
+    assert len(tables) == 2
+
+
+def test_a_full_sync_after_lost_change_sets_reconciles_and_clears_gone_service_ips() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(dns_slice(EP_A))
+    state.set_service(service("old", "10.96.0.11", 53, protocol="UDP"))
+    state.set_endpoint_slice(endpoint_slice("old", [endpoint(EP_B, NODE)], port=8081,
+                                            protocol="UDP"))  # fmt: skip
+    tables: list[FakeTable] = []
+
+    def factory(family: IPFamily) -> FakeTable:
+        tables.append(FakeTable([flow(VIP, EP_A), flow("10.96.0.11", EP_B), nodeport_flow(EP_A)]))
+        return tables[-1]
+
+    cleaner = ConntrackCleaner(table_factory=factory)
+    cleaner(state.checkout(full=True), SyncResult(full=True), 0.0)
+    assert tables[0].deleted == []
+    # Two syncs fail: the listener never hears of their change sets.
+    state.set_endpoint_slice(dns_slice(EP_B))
+    state.checkout()
+    state.delete_service("default", "old")
+    state.checkout()
+    cleaner(state.checkout(full=True), SyncResult(full=True), 0.0)  # the retry is a full one
+    assert tables[1].deleted == [flow(VIP, EP_A), flow("10.96.0.11", EP_B), nodeport_flow(EP_A)]
+
+
+def test_cleaner_reports_per_family_and_survives_a_broken_table() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(dns_slice(EP_A, EP_B))
+    state.checkout()
+    state.set_endpoint_slice(dns_slice(EP_A))
+    proxy_state = state.checkout()
+    seen: list[tuple[IPFamily, int]] = []
+    tables: list[FakeTable] = []
+
+    def factory(family: IPFamily) -> FakeTable:
+        tables.append(FakeTable([flow(VIP, EP_B), flow("10.96.0.11", EP_B)]))
+        return tables[-1]
+
+    cleaner = ConntrackCleaner(
+        table_factory=factory, on_cleaned=lambda f, s, n: seen.append((f, n))
+    )
+    cleaner(proxy_state, SyncResult(full=False), 0.0)
+    assert seen == [(IPFamily.IPv4, 1)] and tables[0].closed
+    assert cleaner.deleted == {IPFamily.IPv4: 1}
+
+    def broken(family: IPFamily) -> FakeTable:
+        raise PermissionError("netlink: operation not permitted")
+
+    cleaner = ConntrackCleaner(table_factory=broken, on_cleaned=lambda f, s, n: seen.append((f, n)))
+    cleaner(proxy_state, SyncResult(full=False), 0.0)  # logged, not raised
+    assert cleaner.errors == 1 and seen[-1] == (IPFamily.IPv4, 0)
+
+    cleaner = ConntrackCleaner(table_factory=factory, enabled=False)
+    cleaner(proxy_state, SyncResult(full=False), 0.0)
+    assert len(tables) == 1
+
+
+def test_netlink_table_refuses_a_missing_namespace() -> None:
+    with pytest.raises(FileNotFoundError, match="no network namespace"):
+        NetlinkConntrack(IPFamily.IPv4, "kpx-no-such-ns")
