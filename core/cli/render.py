@@ -28,7 +28,7 @@ from kubeplex.core.model.graph import ProxyState
 
 def add_parser(sub: Subparsers, name: str) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
-        name, help="print what the selected mode would program (no root)"
+        name, help="print what the next sync would send (reads the kernel when it may)"
     )
     add_common_options(p)
     p.add_argument("--manifests", type=Path, required=True)
