@@ -1,0 +1,49 @@
+"""What ``kube-proxy`` does to its own process at start: the OOM score, and one warning for
+every configuration field that is set but cannot apply (:mod:`kubeplex.core.config.fields`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from kubeplex.core.config.fields import start_warnings
+from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
+
+__all__ = ["OOM_SCORE_ADJ", "apply_oom_score_adj", "prepare_process", "warn_unusable_fields"]
+
+log = logging.getLogger(__name__)
+
+OOM_SCORE_ADJ = Path("/proc/self/oom_score_adj")
+
+
+def apply_oom_score_adj(value: int, path: Path = OOM_SCORE_ADJ) -> str | None:
+    """Write oomScoreAdj for this process (upstream's oom.ApplyOOMScoreAdj on pid 0); the
+    reason as text if the kernel refuses (lowering it needs CAP_SYS_RESOURCE), else None."""
+    try:
+        current = path.read_text().strip()
+        if current == str(value):
+            return None
+        path.write_text(f"{value}\n")
+    except OSError as err:
+        return f"oomScoreAdj {value}: cannot write {path}: {err.strerror or err}"
+    return None
+
+
+def warn_unusable_fields(cfg: KubeProxyConfiguration) -> list[str]:
+    """Log one warning per field the configuration sets that kubeplex cannot act on."""
+    messages = [
+        f"configuration field {path} is set but not used: {why}"
+        for path, why in start_warnings(cfg)
+    ]
+    for message in messages:
+        log.warning("%s", message)
+    return messages
+
+
+def prepare_process(cfg: KubeProxyConfiguration, oom_path: Path = OOM_SCORE_ADJ) -> None:
+    """At the start of the proxy: warn about unusable fields, then apply oomScoreAdj."""
+    warn_unusable_fields(cfg)
+    refused = apply_oom_score_adj(cfg.oom_score_adj, oom_path)
+    if refused is not None:
+        log.warning("%s", refused)
