@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -17,10 +15,10 @@ from kubeplex.core.cli.shared import (
     EXIT_USAGE,
     Command,
     add_plugins_option,
+    reporting_errors,
+    setup_logging,
 )
 from kubeplex.core.dataplane import plugins
-from kubeplex.core.model.errors import InvalidObject, KubeplexError
-from kubeplex.core.sources.manifests import ManifestsUnavailable
 
 __all__ = [
     "COMMANDS",
@@ -54,29 +52,11 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def _setup_logging(verbosity: int) -> None:
-    level = logging.DEBUG if verbosity >= 4 else logging.INFO if verbosity >= 1 else logging.WARNING
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    _setup_logging(getattr(args, "verbosity", 0))
+    setup_logging(getattr(args, "verbosity", 0))
     plugins.use_trust_file(getattr(args, "plugins", None))
-    try:
-        return COMMANDS[args.command].run(args)
-    except InvalidObject as err:
-        print(f"kubeplex: invalid configuration: {err}", file=sys.stderr)
-        return EXIT_CONFIG
-    except (FileNotFoundError, ManifestsUnavailable) as err:
-        print(f"kubeplex: {err}", file=sys.stderr)
-        return EXIT_CONFIG
-    except KubeplexError as err:
-        print(f"kubeplex: {err}", file=sys.stderr)
-        return EXIT_BACKEND
-    except BrokenPipeError:  # `kubeplex render | head`: the reader has all it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
+    return reporting_errors("kubeplex", lambda: COMMANDS[args.command].run(args))
 
 
 if __name__ == "__main__":

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import tempfile
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kubeplex.core.cli.config_watch import EXIT_CONFIG_CHANGED, ConfigWatch
 from kubeplex.core.cli.shared import (
     EXIT_CONFIG,
     EXIT_OK,
@@ -56,11 +59,40 @@ def add_parser(sub: Subparsers, name: str) -> argparse.ArgumentParser:
     return p
 
 
-def _start_api_source(cfg: KubeProxyConfiguration) -> KubeApiSource:
+def _start_api_source(cfg: KubeProxyConfiguration, master: str = "") -> KubeApiSource:
     # Imported here: the kubernetes client is only needed (and paid for) without --manifests.
     from kubeplex.core.sources.kubeapi import KubeApiSource
 
-    return KubeApiSource.from_config(cfg, node_name(cfg)).start()
+    if not master:
+        return KubeApiSource.from_config(cfg, node_name(cfg)).start()
+    cc = cfg.client_connection
+    if cc.kubeconfig or os.environ.get("KUBERNETES_SERVICE_HOST"):
+        source = KubeApiSource.from_config(cfg, node_name(cfg))
+    else:
+        # The master URL alone, no credentials, as client-go does with an empty kubeconfig.
+        with tempfile.TemporaryDirectory() as tmp:
+            bare = Path(tmp, "kubeconfig")
+            bare.write_text(_bare_kubeconfig(master), encoding="utf-8")
+            cfg = replace(cfg, client_connection=replace(cc, kubeconfig=str(bare)))
+            source = KubeApiSource.from_config(cfg, node_name(cfg))
+    # --master overrides the server of the kubeconfig (or of the service account).
+    source.api.configuration.host = master.rstrip("/")
+    return source.start()
+
+
+def _bare_kubeconfig(server: str) -> str:
+    import json
+
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "master", "cluster": {"server": server}}],
+            "users": [{"name": "none", "user": {}}],
+            "contexts": [{"name": "master", "context": {"cluster": "master", "user": "none"}}],
+            "current-context": "master",
+        }
+    )
 
 
 def _wait_for_api_sync(source: KubeApiSource, once: bool, stop: threading.Event) -> bool:
@@ -92,17 +124,34 @@ def _wait_for_api_sync(source: KubeApiSource, once: bool, stop: threading.Event)
 
 
 def run(args: argparse.Namespace) -> int:
+    # Taken before the file is read: a change made while the daemon starts is seen too.
+    watch = ConfigWatch(args.config) if args.config and not args.once else None
     cfg = load_effective_config(args)
     if args.kubeconfig is not None:
         cfg = replace(
             cfg, client_connection=replace(cfg.client_connection, kubeconfig=str(args.kubeconfig))
         )
-    backend = make_backend(cfg, args.netns)
+    return serve(cfg, manifests=args.manifests, once=args.once, netns=args.netns, watch=watch)
+
+
+def serve(
+    cfg: KubeProxyConfiguration,
+    *,
+    manifests: Path | None = None,
+    once: bool = False,
+    netns: str | None = None,
+    watch: ConfigWatch | None = None,
+    master: str = "",
+) -> int:
+    """The daemon (``kubeplex run`` and ``kube-proxy``), or with ``once`` one full sync.
+    With ``watch``, a change of the configuration file ends it with EXIT_CONFIG_CHANGED."""
+    backend = make_backend(cfg, netns)
     missing = plugins.missing_requirements(cfg.mode, backend)
     if missing:
         raise KubeplexError(f"mode {cfg.mode}: this node lacks what it needs: {'; '.join(missing)}")
     stop = threading.Event()
     runner: SyncRunner | None = None
+    config_changed = threading.Event()
 
     def _stop(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping", signum)
@@ -110,28 +159,39 @@ def run(args: argparse.Namespace) -> int:
         if runner is not None:
             runner.stop()
 
+    def _config_changed(_why: str) -> None:
+        config_changed.set()
+        stop.set()
+        if runner is not None:
+            runner.stop()
+
+    def _exit_code() -> int:
+        return EXIT_CONFIG_CHANGED if config_changed.is_set() else EXIT_OK
+
     api: KubeApiSource | None = None
-    manifests: ManifestSource | None = None
-    if args.manifests is not None:
-        cluster, manifests = state_from_manifests(cfg, args.manifests)
+    source: ManifestSource | None = None
+    if watch is not None:
+        watch.start(stop, _config_changed)
+    if manifests is not None:
+        cluster, source = state_from_manifests(cfg, manifests)
     else:
-        api = _start_api_source(cfg)
+        api = _start_api_source(cfg, master)
         cluster = api.cluster
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
-        if not _wait_for_api_sync(api, args.once, stop):
+        if not _wait_for_api_sync(api, once, stop):
             api.stop()
-            return EXIT_SYNC_FAILED
+            return EXIT_CONFIG_CHANGED if config_changed.is_set() else EXIT_SYNC_FAILED
     ops: Operations | None = None
     try:
         backend.prepare()
         proxier = Proxier(cluster, backend)
-        if args.once:
+        if once:
             # Just the rules: no servers, sysctls or conntrack work (nor their imports).
             if not proxier.sync(full=True):
                 return EXIT_SYNC_FAILED
             # The rest is programmed; what was skipped is logged, and the exit code says so.
-            if manifests is not None and (manifests.problems or cluster.invalid):
+            if source is not None and (source.problems or cluster.invalid):
                 return EXIT_CONFIG
             return EXIT_OK
 
@@ -143,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
             proxier,
             cluster,
             (lambda: api.node_deleting) if api is not None else (lambda: cluster.node.deleting),
-            netns=args.netns,
+            netns=netns,
         )
 
         sync_period, min_sync_period = backend.sync_periods()
@@ -151,15 +211,16 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
         if stop.is_set():
-            return EXIT_OK
-        if manifests is not None:
+            return _exit_code()
+        if source is not None:
             watcher = threading.Thread(
-                target=manifests.run, args=(stop,), name="manifests", daemon=True
+                target=source.run, args=(stop,), name="manifests", daemon=True
             )
             watcher.start()
         runner.run()
-        return EXIT_OK
+        return _exit_code()
     finally:
+        stop.set()  # ends the config watch
         if ops is not None:
             ops.stop()
         if api is not None:

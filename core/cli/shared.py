@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import socket
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeAlias
 
@@ -17,7 +21,8 @@ from kubeplex.core.daemon.proxier import collector_paused
 from kubeplex.core.dataplane import plugins
 from kubeplex.core.dataplane.backend import Backend, BackendContext
 from kubeplex.core.model.cluster import ClusterState
-from kubeplex.core.sources.manifests import ManifestSource
+from kubeplex.core.model.errors import InvalidObject, KubeplexError
+from kubeplex.core.sources.manifests import ManifestSource, ManifestsUnavailable
 
 # Exit codes a script can act on.
 EXIT_OK = 0
@@ -25,6 +30,30 @@ EXIT_SYNC_FAILED = 1
 EXIT_USAGE = 2
 EXIT_CONFIG = 3
 EXIT_BACKEND = 4
+
+
+def setup_logging(verbosity: int) -> None:
+    """Log to stderr at the level ``-v`` asks for (0: warnings, 1-3: info, 4+: debug)."""
+    level = logging.DEBUG if verbosity >= 4 else logging.INFO if verbosity >= 1 else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def reporting_errors(prog: str, command: Callable[[], int]) -> int:
+    """Run ``command``; an error it raises is one line on stderr and its exit code."""
+    try:
+        return command()
+    except InvalidObject as err:
+        print(f"{prog}: invalid configuration: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (FileNotFoundError, ManifestsUnavailable) as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KubeplexError as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return EXIT_BACKEND
+    except BrokenPipeError:  # `kubeplex render | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 def add_common_options(p: argparse.ArgumentParser, config_required: bool = False) -> None:
