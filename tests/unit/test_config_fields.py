@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from kubeplex.core.daemon import process
 
 HEADER = f"apiVersion: {API_VERSION}\nkind: {KIND}\n"
 README = Path(__file__).resolve().parents[2] / "README.md"
+OOM = Path("/proc/self/oom_score_adj")
 
 
 def _cfg(body: str) -> KubeProxyConfiguration:
@@ -143,7 +145,7 @@ def test_a_refused_oom_score_is_a_warning(caplog: pytest.LogCaptureFixture, tmp_
     assert record.getMessage().startswith("oomScoreAdj -999: cannot write ")
 
 
-@pytest.mark.skipif(not Path("/proc/self/oom_score_adj").exists(), reason="no /proc")
+@pytest.mark.skipif(not OOM.exists(), reason="no /proc")
 def test_oom_score_adj_lands_on_the_process() -> None:
     # In a child: the score is the process's own, and raising it needs no privilege.
     code = (
@@ -156,3 +158,20 @@ def test_oom_score_adj_lands_on_the_process() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ
     )
     assert out.stdout.strip() == "517"
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None or not OOM.exists(),
+    reason="needs root (to drop to an unprivileged user with setpriv) and /proc",
+)
+def test_the_kernel_refuses_a_lower_score_without_privilege() -> None:
+    # Lowering the score needs CAP_SYS_RESOURCE: an unprivileged child gets the warning text.
+    code = (
+        "from kubeplex.core.daemon.process import apply_oom_score_adj\n"
+        "print(apply_oom_score_adj(-500))\n"
+    )
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    out = subprocess.run(
+        [*drop, sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/"
+    )
+    assert out.stdout.strip() == f"oomScoreAdj -500: cannot write {OOM}: Permission denied"
