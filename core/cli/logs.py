@@ -97,7 +97,8 @@ class JSONFormatter(logging.Formatter):
         for key, value in vars(record).items():
             if key not in _RECORD_ATTRIBUTES and key not in _RESERVED and not key.startswith("_"):
                 entry[key] = value
-        return json.dumps(entry, ensure_ascii=False, default=str)
+        # Compact, as zap writes it.
+        return json.dumps(entry, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 class _StdStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]

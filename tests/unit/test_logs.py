@@ -127,3 +127,10 @@ def test_configure_again_replaces_its_handlers(capsys: pytest.CaptureFixture[str
     log.warning("once")
     (entry,) = _json_lines(capsys.readouterr().err)
     assert entry["msg"] == "once"
+
+
+def test_json_lines_are_compact_like_zap(capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure(_cfg("logging:\n  format: json\n"), None)
+    log.warning("a b", extra={"k": "v"})
+    line = capsys.readouterr().err
+    assert line.endswith('"msg":"a b","v":0,"k":"v"}\n') and ", " not in line
