@@ -32,12 +32,11 @@ def apply_oom_score_adj(value: int, path: Path = OOM_SCORE_ADJ) -> str | None:
 
 def warn_unusable_fields(cfg: KubeProxyConfiguration) -> list[str]:
     """Log one warning per field the configuration sets that kubeplex cannot act on."""
-    messages = [
-        f"configuration field {path} is set but not used: {why}"
-        for path, why in start_warnings(cfg)
-    ]
-    for message in messages:
-        log.warning("%s", message)
+    messages = []
+    for path, why in start_warnings(cfg):
+        message = f"configuration field {path} is set but not used: {why}"
+        log.warning("%s", message, extra={"field": path})
+        messages.append(message)
     return messages
 
 
