@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from kubeplex.core.cli import kube_proxy_flags as flags
+from kubeplex.core.cli import logs
 from kubeplex.core.cli.config_watch import ConfigWatch
 from kubeplex.core.cli.kube_proxy_config import build
 from kubeplex.core.cli.run import serve
@@ -23,7 +24,6 @@ from kubeplex.core.cli.shared import (
     EXIT_USAGE,
     make_backend,
     reporting_errors,
-    setup_logging,
 )
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration, with_overrides
 from kubeplex.core.dataplane import plugins
@@ -102,7 +102,7 @@ def _run(parsed: flags.ParsedFlags) -> int:
     watch = ConfigWatch(config) if config and daemon else None
     built = build(parsed, plugins.known_modes())
     cfg = built.config
-    setup_logging(int(cfg.logging.get("verbosity", 0) or 0))
+    logs.configure(cfg, None)  # -v and the other logging flags are in cfg.logging
     for name, value in parsed.values.items():
         log.debug("FLAG: --%s=%r", name, value)
     for warning in built.warnings:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 
-from kubeplex.core.cli import backends, cleanup, lab, render, run, sysctls, version
+from kubeplex.core.cli import backends, cleanup, lab, logs, render, run, sysctls, version
 from kubeplex.core.cli.shared import (
     EXIT_BACKEND,
     EXIT_CONFIG,
@@ -16,7 +16,6 @@ from kubeplex.core.cli.shared import (
     Command,
     add_plugins_option,
     reporting_errors,
-    setup_logging,
 )
 from kubeplex.core.dataplane import plugins
 
@@ -54,7 +53,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    setup_logging(getattr(args, "verbosity", 0))
+    # Before the configuration is read; a command that reads one configures it again.
+    logs.configure(None, getattr(args, "verbosity", None))
     plugins.use_trust_file(getattr(args, "plugins", None))
     return reporting_errors("kubeplex", lambda: COMMANDS[args.command].run(args))
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kubeplex.core.cli import logs
 from kubeplex.core.cli.config_watch import EXIT_CONFIG_CHANGED, ConfigWatch
 from kubeplex.core.cli.shared import (
     EXIT_CONFIG,
@@ -127,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
     # Taken before the file is read: a change made while the daemon starts is seen too.
     watch = ConfigWatch(args.config) if args.config and not args.once else None
     cfg = load_effective_config(args)
+    logs.configure(cfg, args.verbosity)
     if args.kubeconfig is not None:
         cfg = replace(
             cfg, client_connection=replace(cfg.client_connection, kubeconfig=str(args.kubeconfig))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import socket
 import sys
@@ -30,12 +29,6 @@ EXIT_SYNC_FAILED = 1
 EXIT_USAGE = 2
 EXIT_CONFIG = 3
 EXIT_BACKEND = 4
-
-
-def setup_logging(verbosity: int) -> None:
-    """Log to stderr at the level ``-v`` asks for (0: warnings, 1-3: info, 4+: debug)."""
-    level = logging.DEBUG if verbosity >= 4 else logging.INFO if verbosity >= 1 else logging.WARNING
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def reporting_errors(prog: str, command: Callable[[], int]) -> int:
@@ -73,7 +66,10 @@ def add_common_options(p: argparse.ArgumentParser, config_required: bool = False
 
 
 def add_verbosity_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-v", "--v", type=int, default=0, dest="verbosity", help="log verbosity (0-5)")
+    # None when not given: then the configuration's logging.verbosity applies, as upstream.
+    p.add_argument(
+        "-v", "--v", type=int, default=None, dest="verbosity", help="log verbosity (0-5)"
+    )
 
 
 def add_plugins_option(p: argparse.ArgumentParser, default: object = argparse.SUPPRESS) -> None:
