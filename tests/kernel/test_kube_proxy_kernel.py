@@ -1,6 +1,7 @@
 """kubeadm's kube-proxy DaemonSet with only the image swapped: ``kube-proxy
 --config=/var/lib/kube-proxy/config.conf --hostname-override=$(NODE_NAME)`` runs, programs the
-seed Service, and exits (for the kubelet to restart it) once its config file is rewritten."""
+seed Service, and exits (for the kubelet to restart it) once its config file is rewritten;
+``--init-only`` and ``--cleanup`` on the same command line."""
 
 from __future__ import annotations
 
@@ -99,6 +100,16 @@ def test_kubeadm_command_line_runs_and_exits_when_its_config_changes(
         # Exiting leaves the rules in place (the restarted process takes over without a gap).
         assert "KUBE-SVC-LOLE4ISW44XBNF3G" in in_netns(netns, "iptables-save", "-t", "nat")
         assert srv.verbs_used() <= set(KUBE_PROXY_PERMISSIONS)
+
+        # --init-only does the start-up work and exits; --cleanup removes every mode's rules.
+        def once(*flags: str) -> subprocess.CompletedProcess[str]:
+            cmd = ["ip", "netns", "exec", netns, *kube_proxy_command(), *argv, *flags]
+            return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
+
+        assert once("--init-only").returncode == 0
+        cleaned = once("--cleanup")
+        assert cleaned.returncode == 0, cleaned.stderr
+        assert "KUBE-SVC-LOLE4ISW44XBNF3G" not in in_netns(netns, "iptables-save", "-t", "nat")
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
