@@ -15,6 +15,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# The image build's tools (scripts/build-image.sh), when asked for: a machine without them
+# still runs everything else, and the image's smoke test skips saying why.
+if [ "${KUBEPLEX_IMAGE_TOOLS:-0}" = 1 ]; then
+  image_tools=(mmdebstrap umoci)
+  if ! command -v mmdebstrap >/dev/null || ! command -v umoci >/dev/null; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    { $SUDO apt-get update -qq \
+      && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        "${image_tools[@]}" >/dev/null; } \
+      || echo "setup: could not install ${image_tools[*]}: the image is not built here" >&2
+  fi
+fi
+
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
