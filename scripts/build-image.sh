@@ -82,6 +82,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 stage="$out/stage"
 rm -rf "$stage" "$out/oci" "$out"/kubeplex-*.oci.tar
+trap 'rm -rf "$stage"' EXIT  # the staged wheels and root filesystem, even after a failure
 mkdir -p "$stage/wheels" "$stage/pip"
 
 echo "build-image: wheels" >&2
@@ -147,7 +148,6 @@ with open(path, "w") as f:
 EOF
 tar -C "$out/oci" --sort=name --numeric-owner --owner=0 --group=0 \
   --mtime="@$SOURCE_DATE_EPOCH" -cf "$out/kubeplex-$tag.oci.tar" .
-rm -rf "$stage"
 
 compressed=$(find "$out/oci/blobs" -type f -printf '%s\n' | awk '{s += $1} END {print s}')
 end=$(date +%s)
