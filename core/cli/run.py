@@ -27,6 +27,7 @@ from kubeplex.core.cli.shared import (
     state_from_manifests,
 )
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
+from kubeplex.core.daemon.process import prepare_process, warn_unusable_fields
 from kubeplex.core.daemon.proxier import Proxier
 from kubeplex.core.daemon.runner import SyncRunner
 from kubeplex.core.dataplane import plugins
@@ -147,6 +148,12 @@ def serve(
 ) -> int:
     """The daemon (``kubeplex run`` and ``kube-proxy``), or with ``once`` one full sync.
     With ``watch``, a change of the configuration file ends it with EXIT_CONFIG_CHANGED."""
+    if once or netns is not None:
+        # One sync, or a lab's proxy inside a namespace: not the node's proxy process, whose
+        # OOM score is set (the fields nothing uses are still named).
+        warn_unusable_fields(cfg)
+    else:
+        prepare_process(cfg)
     backend = make_backend(cfg, netns)
     missing = plugins.missing_requirements(cfg.mode, backend)
     if missing:

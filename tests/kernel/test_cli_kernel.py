@@ -3,6 +3,8 @@ network namespace (tests/unit/test_cli.py runs the rest without root)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from cli_kit import LAB, RENDER_LAB, in_netns, kubeplex
 
@@ -44,3 +46,15 @@ def test_render_prints_what_the_next_apply_sends_to_this_node(netns: str) -> Non
     alone = kubeplex(*args, "--no-observe")
     assert "LEFTOVER" not in alone.stdout
     assert alone.stdout == kubeplex(*RENDER_LAB, "--no-observe").stdout
+
+
+@pytest.mark.kernel
+def test_run_names_the_fields_it_cannot_use(netns: str, tmp_path: Path) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text((LAB / "config.yaml").read_text() + "enableProfiling: true\n")
+    args = ("--config", str(cfg), "--netns", netns, "--manifests", str(LAB / "manifests"))
+    proc = kubeplex("run", *args, "--once")
+    assert proc.returncode == 0, proc.stderr
+    assert "configuration field enableProfiling is set but not used" in proc.stderr
+    plain = kubeplex("run", "--config", str(LAB / "config.yaml"), *args[2:], "--once")
+    assert "is set but not used" not in plain.stderr
