@@ -85,6 +85,9 @@ REF_VALUE_LIMIT = 253
 DEFAULT_COMPONENT = "kube-proxy"
 PROTOBUF = "application/vnd.kubernetes.protobuf"
 
+EVENTS_PATH = "/api/v1/namespaces/{namespace}/events"
+EVENT_PATH = "/api/v1/namespaces/{namespace}/events/{name}"
+
 SERVICES = "services"
 ENDPOINTSLICES = "endpointslices"
 NODES = "nodes"
@@ -137,6 +140,43 @@ def load_client_configuration(cc: ClientConnectionConfiguration) -> Any:
 def make_api_client(cc: ClientConnectionConfiguration) -> Any:
     """A ``kubernetes.client.ApiClient`` for ``clientConnection``."""
     return k8s.ApiClient(load_client_configuration(cc))
+
+
+def api_request(
+    api: Any,
+    method: str,
+    path: str,
+    *,
+    path_params: Mapping[str, str] | None = None,
+    query: Iterable[tuple[str, Any]] = (),
+    body: Any = None,
+    content_type: str | None = None,
+    timeout: Any = None,
+) -> Any:
+    """One request through the client's ``ApiClient`` (its configuration, authentication and
+    connection pool), answered by the raw ``urllib3`` response; a non-2xx status raises
+    :class:`ApiException` as the generated methods do with ``_preload_content=False``.
+
+    The generated API classes (``CoreV1Api`` ...) are not used: importing them builds
+    hundreds of pydantic models (about a second at start), for the few requests kubeplex makes.
+    """
+    headers: dict[str, Any] = {"Accept": "application/json"}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    request = api.param_serialize(
+        method=method,
+        resource_path=path,
+        path_params=dict(path_params) if path_params else None,
+        query_params=list(query),
+        header_params=headers,
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    resp = api.call_api(*request, _request_timeout=timeout)
+    if not 200 <= resp.status <= 299:
+        resp.read()
+        raise ApiException.from_response(http_resp=resp, body=None, data=None)
+    return resp.response
 
 
 # --------------------------------------------------------------------------------- rate limit
@@ -283,7 +323,7 @@ class EventRecorder:
         max_tracked: int = 4096,
         request_timeout: tuple[float, float] = (5.0, 10.0),
     ) -> None:
-        self._core = k8s.CoreV1Api(api)
+        self._api = api
         self.request_timeout = request_timeout
         self.node_name = node_name
         self.component = component
@@ -396,13 +436,15 @@ class EventRecorder:
         seen = self._posted.get(key)
         if seen is not None:
             try:
-                self._core.patch_namespaced_event(
-                    seen.name,
-                    seen.namespace,
-                    {"count": seen.count + 1, "lastTimestamp": now},
-                    _preload_content=False,
-                    _request_timeout=self.request_timeout,
-                )
+                api_request(
+                    self._api,
+                    "PATCH",
+                    EVENT_PATH,
+                    path_params={"namespace": seen.namespace, "name": seen.name},
+                    body={"count": seen.count + 1, "lastTimestamp": now},
+                    content_type="application/strategic-merge-patch+json",
+                    timeout=self.request_timeout,
+                ).release_conn()
                 seen.count += 1
                 self.posted += 1
                 self._posted.move_to_end(key)
@@ -430,13 +472,14 @@ class EventRecorder:
             "reportingComponent": self.component,
             "reportingInstance": self.node_name,
         }
-        # The generated client validates a dict body into its CoreV1Event model.
-        self._core.create_namespaced_event(
-            namespace,
-            body,  # type: ignore[arg-type]
-            _preload_content=False,
-            _request_timeout=self.request_timeout,
-        )
+        api_request(
+            self._api,
+            "POST",
+            EVENTS_PATH,
+            path_params={"namespace": namespace},
+            body=body,  # sent as JSON, with no Content-Type (as the generated client does)
+            timeout=self.request_timeout,
+        ).release_conn()
         self.posted += 1
         self._posted[key] = _Posted(event_name, namespace, 1)
         while len(self._posted) > self._max_tracked:
@@ -507,7 +550,8 @@ class _Resource:
     name: str
     kind: str
     api_version: str
-    list_fn: Callable[..., Any]
+    #: the collection's path (list and watch across all namespaces)
+    path: str
     label_selector: str = ""
     field_selector: str = ""
     #: False: its initial list does not gate the sync, and a server or role without it is fine
@@ -527,6 +571,18 @@ class _Resource:
     last_error: str = ""
     response: Any = None
     thread: threading.Thread | None = None
+
+
+_QUERY_ORDER = (
+    "allowWatchBookmarks",
+    "continue",
+    "fieldSelector",
+    "labelSelector",
+    "limit",
+    "resourceVersion",
+    "timeoutSeconds",
+    "watch",
+)
 
 
 def _key(obj: Mapping[str, Any]) -> str:
@@ -621,30 +677,29 @@ class KubeApiSource:
         self.request_timeout = request_timeout
         #: How long to wait before asking again for an optional resource the server lacks.
         self.missing_retry = missing_retry
-        core, discovery = k8s.CoreV1Api(api), k8s.DiscoveryV1Api(api)
         self._resources = {
             SERVICES: _Resource(
                 SERVICES,
                 "Service",
                 "v1",
-                core.list_service_for_all_namespaces,
+                "/api/v1/services",
                 label_selector=label_selector,
             ),
             ENDPOINTSLICES: _Resource(
                 ENDPOINTSLICES,
                 "EndpointSlice",
                 "discovery.k8s.io/v1",
-                discovery.list_endpoint_slice_for_all_namespaces,
+                "/apis/discovery.k8s.io/v1/endpointslices",
                 label_selector=label_selector,
             ),
             NODES: _Resource(
-                NODES, "Node", "v1", core.list_node, field_selector=f"metadata.name={node_name}"
+                NODES, "Node", "v1", "/api/v1/nodes", field_selector=f"metadata.name={node_name}"
             ),
             SERVICECIDRS: _Resource(
                 SERVICECIDRS,
                 "ServiceCIDR",
                 "networking.k8s.io/v1",
-                k8s.NetworkingV1Api(api).list_service_cidr,
+                "/apis/networking.k8s.io/v1/servicecidrs",
                 required=False,
                 without="no drop rule for unallocated ClusterIPs (nftables mode)",
             ),
@@ -858,16 +913,18 @@ class KubeApiSource:
                 return
         raise _Stopped()
 
-    def _request_kwargs(self, r: _Resource, read_timeout: float) -> JSON:
-        kwargs: JSON = {
-            "_preload_content": False,
-            "_request_timeout": (self.connect_timeout, read_timeout),
-        }
-        if r.label_selector:
-            kwargs["label_selector"] = r.label_selector
-        if r.field_selector:
-            kwargs["field_selector"] = r.field_selector
-        return kwargs
+    def _get(self, r: _Resource, read_timeout: float, **params: Any) -> Any:
+        """A list or watch request of ``r`` (its selectors plus ``params``), the raw response."""
+        params["fieldSelector"] = r.field_selector or None
+        params["labelSelector"] = r.label_selector or None
+        return api_request(
+            self.api,
+            "GET",
+            r.path,
+            # the generated client's order of query parameters
+            query=[(k, params[k]) for k in _QUERY_ORDER if params.get(k) is not None],
+            timeout=(self.connect_timeout, read_timeout),
+        )
 
     def _list(self, r: _Resource) -> tuple[dict[str, JSON], str]:
         """A complete list (all pages) in memory; nothing is applied before it is complete."""
@@ -877,13 +934,13 @@ class KubeApiSource:
         while True:
             if not self.limiter.acquire(self._stop):
                 raise _Stopped()
-            kwargs = self._request_kwargs(r, self.request_timeout)
-            if paged:
-                kwargs["limit"] = self.page_size
-            if token:
-                kwargs["_continue"] = token
             try:
-                resp = r.list_fn(**kwargs)
+                resp = self._get(
+                    r,
+                    self.request_timeout,
+                    limit=self.page_size if paged else None,
+                    **{"continue": token or None},
+                )
             except ApiException as err:
                 if err.status == 410 and token:
                     # The snapshot of the paged list expired: start over in one piece.
@@ -949,15 +1006,15 @@ class KubeApiSource:
         timeout = max(1, int(min(seconds, max_seconds)))
         if not self.limiter.acquire(self._stop):
             raise _Stopped()
-        kwargs = self._request_kwargs(r, timeout + max(5.0, self.connect_timeout))
-        kwargs.update(
-            watch=True,
-            resource_version=r.rv,
-            allow_watch_bookmarks=True,
-            timeout_seconds=timeout,
-        )
         try:
-            resp = r.list_fn(**kwargs)
+            resp = self._get(
+                r,
+                timeout + max(5.0, self.connect_timeout),
+                watch=True,
+                resourceVersion=r.rv,
+                allowWatchBookmarks=True,
+                timeoutSeconds=timeout,
+            )
         except ApiException as err:
             if err.status == 410:
                 raise _Expired(_describe(err)) from err
