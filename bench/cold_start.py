@@ -1,0 +1,611 @@
+"""Cold start and memory: ``kubeplex run`` against an API server holding N Services x 10 endpoints.
+
+For each size and mode (root; each run in a throw-away network namespace): the in-tree list/watch
+API server (tests/apiserver, JSON, paginated lists as the real server answers them) is loaded with
+N Services, their EndpointSlices (10 endpoints each), the Node and the ServiceCIDR; then the
+installed CLI starts ``kubeplex run`` against it and the benchmark polls the kernel until the last
+Service's chain is live (referenced from the dispatch rules, which every mode writes last). Then,
+while the proxy runs, it changes EndpointSlices at a steady rate through the server's write path
+(each change gives one endpoint a new address) and waits for the last change to be live.
+
+It prints, per size and mode (medians of ``--repeat`` runs):
+  start->kernel   process start to every rule in the kernel
+  breakdown       from the server's request log and the daemon's JSON log: start -> first API
+                  request (interpreter, imports, configuration, client), -> initial lists complete
+                  (transfer and decoding, the daemon's "initial list complete" lines), -> first
+                  sync start (its "synced ... in X ms" line less X), the first sync itself, and
+                  sync end -> seen in the kernel; and what imports cost, from one more cold
+                  start under ``python -X importtime`` (not counted in the figures)
+  rss             VmHWM (peak RSS) after the first sync and at the end, before stopping
+  burst           last change -> live in the kernel, the proxy's CPU share during the burst
+                  (itself, and with the restore tools it ran), the largest
+                  kubeproxy_sync_proxy_rules_endpoint_changes_pending scraped, syncs it made
+
+The API server runs in this process, on the same CPUs as the proxy (a real one would too, on a
+control-plane node; here it is Python, slower than kube-apiserver at serving lists).
+
+Usage: python bench/cold_start.py [--modes iptables,nftables] [--sizes 1000,10000] [--repeat 3]
+           [--rate 100] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common import KUBEPLEX_CMD, NODE, Netns, cluster, config, installed_env
+
+from kubeplex.backends.iptables import names as ipt_names
+from kubeplex.backends.nftables import names as nft_names
+from kubeplex.core.dataplane import plugins
+from kubeplex.core.model.types import Endpoint, ServicePortName
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from apiserver import FakeApiServer
+
+NAMESPACE = "bench"
+TARGET_PORT = 8080
+METRICS_PORT = 10249
+POLL = 0.01
+#: Where the burst's new endpoint addresses come from (inside clusterCIDR, apart from the
+#: addresses common.cluster gives: those end below 10.130.0.0 at 10,000 Services).
+BURST_BASE = (10 << 24) | (160 << 16)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# ------------------------------------------------------------------------------ the netns
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNET = 0x40000000
+
+
+def netns_socket(ns: str, family: int, kind: int, proto: int = 0) -> socket.socket:
+    """A socket of network namespace ``ns`` (made in a short-lived thread that enters it: a
+    socket stays in the namespace it was made in; this process's threads stay where they are)."""
+    made: list[socket.socket | BaseException] = []
+
+    def enter_and_make() -> None:
+        try:
+            fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+            try:
+                if _libc.setns(fd, CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns {ns}: {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            made.append(socket.socket(family, kind, proto))
+        except BaseException as err:
+            made.append(err)
+
+    t = threading.Thread(target=enter_and_make)
+    t.start()
+    t.join()
+    got = made[0]
+    if isinstance(got, BaseException):
+        raise got
+    return got
+
+
+NETLINK_NETFILTER = 12
+NFNL_SUBSYS_NFTABLES = 10
+NFT_MSG_NEWCHAIN = 3
+NFT_MSG_GETCHAIN = 4
+NLMSG_ERROR = 2
+NLM_F_REQUEST = 1
+NLM_F_ACK = 4
+NFTA_CHAIN_TABLE = 1
+NFTA_CHAIN_NAME = 3
+NFTA_CHAIN_USE = 6
+
+
+def _attr(kind: int, data: bytes) -> bytes:
+    head = struct.pack("=HH", 4 + len(data), kind)
+    return head + data + b"\0" * (-len(data) % 4)
+
+
+class ChainProbe:
+    """Asks nf_tables for one chain by name: one netlink round trip, no process to start,
+    cheap enough to ask every 10 ms while the proxy works. iptables-nft chains are nf_tables
+    chains too (table ``ip nat``)."""
+
+    def __init__(self, ns: str) -> None:
+        self.sock = netns_socket(ns, socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+        self.sock.bind((0, 0))
+        self.seq = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def uses(self, table: str, chain: str) -> int | None:
+        """How many rules or map elements jump to ``chain`` (None: no such chain yet)."""
+        self.seq += 1
+        body = struct.pack("=BBH", socket.AF_INET, 0, 0)
+        body += _attr(NFTA_CHAIN_TABLE, table.encode() + b"\0")
+        body += _attr(NFTA_CHAIN_NAME, chain.encode() + b"\0")
+        kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETCHAIN
+        head = struct.pack("=IHHII", 16 + len(body), kind, NLM_F_REQUEST | NLM_F_ACK, self.seq, 0)
+        self.sock.send(head + body)
+        use: int | None = None
+        while True:
+            data = self.sock.recv(1 << 16)
+            off = 0
+            while off + 16 <= len(data):
+                length, kind, _flags, seq, _pid = struct.unpack_from("=IHHII", data, off)
+                payload = data[off + 16 : off + length]
+                off += (length + 3) & ~3
+                if seq != self.seq:
+                    continue
+                if kind == NLMSG_ERROR:
+                    (err,) = struct.unpack_from("=i", payload)
+                    if err == 0:
+                        return use
+                    if -err == 2:  # ENOENT: no such table or chain
+                        return None
+                    raise OSError(-err, f"nf_tables getchain {table} {chain}")
+                if kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWCHAIN:
+                    use = _chain_use(payload[4:])
+
+
+def _chain_use(attrs: bytes) -> int:
+    off = 0
+    while off + 4 <= len(attrs):
+        length, kind = struct.unpack_from("=HH", attrs, off)
+        if kind & 0x3FFF == NFTA_CHAIN_USE:
+            return int(struct.unpack_from(">I", attrs, off + 4)[0])
+        off += (length + 3) & ~3
+    return 0
+
+
+def scrape_metric(ns: str, name: str) -> float | None:
+    """One unlabelled sample of ``name`` from the daemon's /metrics (inside ``ns``)."""
+    try:
+        s = netns_socket(ns, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        return None
+    try:
+        s.settimeout(2)
+        s.connect(("127.0.0.1", METRICS_PORT))
+        s.sendall(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        chunks = []
+        while chunk := s.recv(1 << 16):
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        s.close()
+    m = re.search(rf"^{re.escape(name)}(?:{{}})? (\S+)$", b"".join(chunks).decode(), re.M)
+    return float(m.group(1)) if m else None
+
+
+# ------------------------------------------------------------------------------ the cluster
+
+
+def spn(i: int) -> ServicePortName:
+    return ServicePortName(NAMESPACE, f"svc-{i}")
+
+
+def live_chain(mode: str, i: int, ip: str | None = None) -> tuple[str, str]:
+    """(table, chain) that is referenced once Service ``i`` is programmed (with ``ip``: once
+    its endpoint with that address is)."""
+    if mode == "iptables":
+        if ip is None:
+            return "nat", ipt_names.service_chain(spn(i))
+        return "nat", ipt_names.endpoint_chain(spn(i), Endpoint(ip, TARGET_PORT))
+    if ip is None:
+        return nft_names.TABLE, nft_names.service_chain(spn(i))
+    return nft_names.TABLE, nft_names.endpoint_chain(spn(i), Endpoint(ip, TARGET_PORT))
+
+
+def address(v: int) -> str:
+    return ".".join(str((v >> s) & 255) for s in (24, 16, 8, 0))
+
+
+def load_server(n: int) -> tuple[FakeApiServer, dict[int, dict[str, Any]]]:
+    """A started server holding the cluster; and the EndpointSlices by Service index."""
+    srv = FakeApiServer().start()
+    srv.create(
+        "Node",
+        {
+            "metadata": {"name": NODE, "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+            "spec": {"podCIDR": "10.128.0.0/24", "podCIDRs": ["10.128.0.0/24"]},
+            "status": {"addresses": [{"type": "InternalIP", "address": "172.18.0.5"}]},
+        },
+    )
+    slices: dict[int, dict[str, Any]] = {}
+    for obj in cluster(n):
+        srv.create(obj["kind"], obj)
+        if obj["kind"] == "EndpointSlice":
+            slices[int(obj["metadata"]["name"].split("-")[1])] = obj
+    return srv, slices
+
+
+# ------------------------------------------------------------------------------ one run
+
+
+@dataclass
+class Run:
+    mode: str
+    n: int
+    kernel_s: float = 0.0
+    breakdown: dict[str, float] = field(default_factory=dict)
+    rss_start_mb: float = 0.0
+    rss_peak_mb: float = 0.0
+    burst: dict[str, float] = field(default_factory=dict)
+    imports: dict[str, float] = field(default_factory=dict)
+
+
+def proc_status_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(the process's own CPU, with its waited-for children's), in seconds."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    own = int(fields[11]) + int(fields[12])
+    return own / CLK_TCK, (own + int(fields[13]) + int(fields[14])) / CLK_TCK
+
+
+def wait_for(
+    cond: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, timeout: float
+) -> float:
+    """Poll ``cond`` every POLL seconds; the monotonic time it first held."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if cond():
+            return time.monotonic()
+        if proc.poll() is not None:
+            raise RuntimeError(f"the daemon exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {what} within {timeout:.0f}s")
+        time.sleep(POLL)
+
+
+@contextmanager
+def daemon(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The daemon, stopped (its process group: the restore tools it may be running too) on
+    the way out, whatever happened."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=out, env=env, start_new_session=True)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+
+def read_log(path: Path, to_mono: float) -> list[tuple[float, str]]:
+    """(monotonic time, message) of the daemon's JSON log lines."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            out.append((entry["ts"] / 1000.0 - to_mono, str(entry.get("msg", ""))))
+    return out
+
+
+SYNCED = re.compile(r"synced \S+ rules \((full|partial)\) in ([\d.]+) ms")
+
+
+def syncs(entries: list[tuple[float, str]]) -> list[tuple[float, str, float]]:
+    """(end time, full/partial, seconds) of each sync the log reports."""
+    return [
+        (t, m.group(1), float(m.group(2)) / 1000) for t, msg in entries if (m := SYNCED.search(msg))
+    ]
+
+
+def measure(
+    srv: FakeApiServer,
+    slices: dict[int, dict[str, Any]],
+    mode: str,
+    env: dict[str, str],
+    work: Path,
+    rate: float,
+    seconds: float,
+    counter: list[int],
+    importtime: bool = False,
+) -> Run:
+    """One cold start and burst; with ``importtime`` a cold start under ``-X importtime``
+    instead (slower: its times are not the figures), for what its imports cost."""
+    n = len(slices)
+    run = Run(mode, n)
+    kubeconfig = srv.write_kubeconfig(work / "kubeconfig")
+    cfg = work / "config.yaml"
+    cfg.write_text(
+        config(mode)
+        + f"clientConnection:\n  kubeconfig: {kubeconfig}\n"
+        + f"metricsBindAddress: 127.0.0.1:{METRICS_PORT}\n"
+        + "logging:\n  format: json\n"
+    )
+    log = work / f"{mode}-{n}.log"
+    to_mono = time.time() - time.monotonic()
+    with Netns() as ns:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        probe = ChainProbe(ns)
+        try:
+            srv.clear_requests()
+            python = [sys.executable, "-X", "importtime"] if importtime else [sys.executable]
+            argv = [
+                *python,
+                *KUBEPLEX_CMD[1:],
+                "run",
+                "--config",
+                str(cfg),
+                "--netns",
+                ns,
+                "--v",
+                "2",
+            ]
+            t0 = time.monotonic()
+            with daemon(argv, env, log) as proc:
+                table, chain = live_chain(mode, n - 1)
+                t_kernel = wait_for(lambda: bool(probe.uses(table, chain)), proc, "the rules", 600)
+                run.kernel_s = t_kernel - t0
+                run.rss_start_mb = proc_status_kib(proc.pid, "VmHWM") / 1024
+                time.sleep(2)  # whatever the first sync set off settles (and is logged)
+                run.breakdown = breakdown(srv, read_log(log, to_mono), t0, t_kernel)
+                if importtime:
+                    run.imports = import_split(log)
+                    return run
+                run.burst = burst(srv, slices, mode, ns, probe, proc, rate, seconds, counter)
+                run.burst.update(burst_log(read_log(log, to_mono), run.burst))
+                run.rss_peak_mb = proc_status_kib(proc.pid, "VmHWM") / 1024
+        except Exception:
+            sys.stderr.write(f"--- daemon log ({mode}, {n}) ---\n")
+            sys.stderr.write("".join(log.read_text(errors="replace").splitlines(True)[-30:]))
+            raise
+        finally:
+            probe.close()
+    return run
+
+
+def breakdown(
+    srv: FakeApiServer, entries: list[tuple[float, str]], t0: float, t_kernel: float
+) -> dict[str, float]:
+    out: dict[str, float] = {}
+    requests = [r for r in srv.requests if r.time >= t0]
+    if requests:
+        out["first_request"] = min(r.time for r in requests) - t0
+        lists = [r.time for r in requests if r.verb == "list"]
+        if lists:
+            out["last_list_request"] = max(lists) - t0
+    listed = [t for t, msg in entries if "initial list complete" in msg and t <= t_kernel]
+    if listed:
+        out["listed"] = max(listed) - t0
+    full = [s for s in syncs(entries) if s[1] == "full"]
+    if full:
+        end, _kind, took = full[0]
+        out["sync_start"] = end - took - t0
+        out["sync"] = took
+        out["sync_end"] = end - t0
+    return out
+
+
+def burst(
+    srv: FakeApiServer,
+    slices: dict[int, dict[str, Any]],
+    mode: str,
+    ns: str,
+    probe: ChainProbe,
+    proc: subprocess.Popen[bytes],
+    rate: float,
+    seconds: float,
+    counter: list[int],
+) -> dict[str, float]:
+    """``rate`` EndpointSlice changes a second for ``seconds``: each moves endpoint 1 of the
+    next slice to a new address."""
+    n = len(slices)
+    total = int(rate * seconds)
+    last: list[tuple[int, str]] = []
+    sent: list[float] = []
+
+    def writer() -> None:
+        start = time.monotonic()
+        for k in range(total):
+            delay = start + k / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            i = (counter[0] + k) % n
+            ip = address(BURST_BASE + counter[0] + k)
+            obj = slices[i]
+            obj["endpoints"][1]["addresses"] = [ip]
+            srv.update("EndpointSlice", obj)
+            last[:] = [(i, ip)]
+        sent.append(time.monotonic() - start)
+
+    pending: list[float] = []
+    cpu0 = cpu_seconds(proc.pid)
+    t_start = time.monotonic()
+    thread = threading.Thread(target=writer, name="burst")
+    thread.start()
+    while thread.is_alive():
+        v = scrape_metric(ns, "kubeproxy_sync_proxy_rules_endpoint_changes_pending")
+        if v is not None:
+            pending.append(v)
+        thread.join(0.1)
+    t_sent = time.monotonic()
+    counter[0] += total
+    i, ip = last[0]
+    table, chain = live_chain(mode, i, ip)
+    t_live = wait_for(lambda: bool(probe.uses(table, chain)), proc, "the last change", 120)
+    cpu1 = cpu_seconds(proc.pid)
+    wall = t_live - t_start
+    v = scrape_metric(ns, "kubeproxy_sync_proxy_rules_endpoint_changes_pending")
+    return {
+        "changes": total,
+        "rate": total / sent[0] if sent and sent[0] > 0 else 0.0,
+        "catch_up_ms": (t_live - t_sent) * 1000,
+        "cpu_share": (cpu1[0] - cpu0[0]) / wall,
+        "cpu_share_children": (cpu1[1] - cpu0[1]) / wall,
+        "pending_max": max(pending) if pending else float("nan"),
+        "pending_end": v if v is not None else float("nan"),
+        "t_start": t_start,
+        "t_live": t_live,
+    }
+
+
+def burst_log(entries: list[tuple[float, str]], b: dict[str, float]) -> dict[str, float]:
+    during = [s for s in syncs(entries) if b["t_start"] <= s[0] <= b["t_live"] + 0.05]
+    relists = [
+        msg for t, msg in entries if b["t_start"] <= t and ("relist" in msg or "broke" in msg)
+    ]
+    took = [s[2] for s in during]
+    return {
+        "syncs": len(during),
+        "sync_median_ms": statistics.median(took) * 1000 if took else float("nan"),
+        "sync_max_ms": max(took) * 1000 if took else float("nan"),
+        "relists": len(relists),
+    }
+
+
+# ------------------------------------------------------------------------------ imports
+
+
+def interpreter_time(env: dict[str, str], repeat: int = 5) -> float:
+    """A bare interpreter's start and exit (the floor under every figure)."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True, env=env)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+IMPORT_LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \| ( *)(\S+)")
+
+
+def import_split(log: Path) -> dict[str, float]:
+    """From a ``-X importtime`` run's stderr: the seconds spent importing before the initial
+    lists were complete, in all and by top-level package (each module's own time; the largest
+    packages)."""
+    by_package: dict[str, float] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("{") and "initial list complete" in line:
+            break
+        if m := IMPORT_LINE.match(line):
+            package = m.group(4).split(".")[0]
+            by_package[package] = by_package.get(package, 0.0) + int(m.group(1)) / 1e6
+    top = sorted(by_package.items(), key=lambda kv: -kv[1])[:6]
+    return {"total": sum(by_package.values()), **dict(top)}
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def med(values: list[float]) -> float:
+    values = [v for v in values if v == v]
+    return statistics.median(values) if values else float("nan")
+
+
+def report(runs: list[Run], imports: dict[str, float], interpreter: float) -> str:
+    r0 = runs[0]
+    b = {k: med([r.breakdown.get(k, float("nan")) for r in runs]) for k in r0.breakdown}
+    u = {k: med([r.burst.get(k, float("nan")) for r in runs]) for k in r0.burst}
+    kernel = med([r.kernel_s for r in runs])
+    lines = [
+        f"{r0.mode:9s} {r0.n:>6} services x 10: start->kernel {kernel:.2f}s"
+        f" (runs {', '.join(f'{r.kernel_s:.2f}' for r in runs)})",
+        f"  breakdown: first API request {b.get('first_request', float('nan')):.2f}s"
+        f" (a bare interpreter {interpreter:.3f}s);"
+        f" lists complete {b.get('listed', float('nan')):.2f}s"
+        f" (last list request {b.get('last_list_request', float('nan')):.2f}s);"
+        f" sync start {b.get('sync_start', float('nan')):.2f}s;"
+        f" first sync {b.get('sync', float('nan')):.2f}s;"
+        f" in the kernel {kernel - b.get('sync_end', float('nan')):+.3f}s after its end",
+        f"  rss: peak {med([r.rss_peak_mb for r in runs]):.0f} MB"
+        f" (after the first sync {med([r.rss_start_mb for r in runs]):.0f} MB)",
+        f"  burst: {u['changes']:.0f} changes at {u['rate']:.0f}/s; last one live"
+        f" {u['catch_up_ms']:.0f} ms after it was written; proxy CPU {u['cpu_share']:.0%}"
+        f" ({u['cpu_share_children']:.0%} with its children); pending max"
+        f" {u['pending_max']:.0f}, at the end {u['pending_end']:.0f}; {u['syncs']:.0f} syncs"
+        f" (median {u['sync_median_ms']:.0f} ms, max {u['sync_max_ms']:.0f} ms);"
+        f" relists {u['relists']:.0f}",
+    ]
+    if imports:
+        split = ", ".join(f"{k} {v:.2f}s" for k, v in imports.items() if k != "total")
+        lines.append(
+            f"  imports before the lists were complete (one run under -X importtime):"
+            f" {imports['total']:.2f}s ({split})"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--modes", default="iptables,nftables")
+    p.add_argument("--sizes", default="1000,10000")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--rate", type=float, default=100.0, help="EndpointSlice changes a second")
+    p.add_argument("--seconds", type=float, default=10.0, help="how long the burst lasts")
+    p.add_argument("--json", type=Path, help="also write every run's figures here")
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("needs root (network namespaces)")
+    # A SIGTERM unwinds like ^C: the daemon is stopped and the namespace deleted.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    modes = [m for m in args.modes.split(",") if m in plugins.available()]
+    env = installed_env()
+    interpreter = interpreter_time(env)
+    imports: dict[str, dict[str, float]] = {}
+    everything: list[dict[str, Any]] = []
+    counter = [0]
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (int(s) for s in args.sizes.split(",")):
+            start = time.monotonic()
+            srv, slices = load_server(n)
+            print(f"# {n} services loaded in {time.monotonic() - start:.1f}s", flush=True)
+            try:
+                for mode in modes:
+                    if mode not in imports:
+                        imports[mode] = measure(
+                            srv, slices, mode, env, Path(tmp), 0, 0, counter, importtime=True
+                        ).imports
+                    runs = []
+                    for _ in range(args.repeat):
+                        runs.append(
+                            measure(
+                                srv, slices, mode, env, Path(tmp), args.rate, args.seconds, counter
+                            )
+                        )
+                        everything.append(vars(runs[-1]))
+                    print(report(runs, imports.get(mode, {}), interpreter), flush=True)
+            finally:
+                srv.stop()
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {"interpreter": interpreter, "imports": imports, "runs": everything}, indent=1
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
