@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import queue
 import random
 import re
 import threading
@@ -585,6 +586,40 @@ _QUERY_ORDER = (
 )
 
 
+#: Put on a list's page queue when its paging starts over.
+_RESTART = object()
+_DECODER = json.JSONDecoder()
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _list_meta(data: bytes) -> JSON | None:
+    """The top-level ``metadata`` of a list response, read without decoding its items (the
+    API server writes ``kind``, ``apiVersion`` and ``metadata`` before ``items``); None if the
+    items come first or the text is not such an object (it is then decoded whole)."""
+    try:
+        text = data[:4096].decode("utf-8", errors="replace")
+        pos = _WS.match(text, 0).end()  # type: ignore[union-attr]
+        if text[pos : pos + 1] != "{":
+            return None
+        pos += 1
+        while True:
+            pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
+            key, pos = _DECODER.raw_decode(text, pos)
+            pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
+            if key == "items" or text[pos : pos + 1] != ":":
+                return None
+            pos = _WS.match(text, pos + 1).end()  # type: ignore[union-attr]
+            value, pos = _DECODER.raw_decode(text, pos)
+            if key == "metadata":
+                return value if isinstance(value, dict) else {}
+            pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
+            if text[pos : pos + 1] != ",":
+                return None
+            pos += 1
+    except (ValueError, IndexError):
+        return None
+
+
 def _key(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     ns = meta.get("namespace")
@@ -927,43 +962,77 @@ class KubeApiSource:
         )
 
     def _list(self, r: _Resource) -> tuple[dict[str, JSON], str]:
-        """A complete list (all pages) in memory; nothing is applied before it is complete."""
+        """A complete list (all pages) in memory; nothing is applied before it is complete.
+
+        The pages are fetched on a helper thread (each next request needs only the page's
+        list metadata, read ahead of its items) while this one decodes them.
+        """
+        pages: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        fetcher = threading.Thread(
+            target=self._fetch_pages, args=(r, pages), name=f"kubeapi-{r.name}-pages", daemon=True
+        )
+        fetcher.start()
         items: dict[str, JSON] = {}
-        token = ""
-        paged = self.page_size > 0
         while True:
-            if not self.limiter.acquire(self._stop):
-                raise _Stopped()
-            try:
-                resp = self._get(
-                    r,
-                    self.request_timeout,
-                    limit=self.page_size if paged else None,
-                    **{"continue": token or None},
-                )
-            except ApiException as err:
-                if err.status == 410 and token:
-                    # The snapshot of the paged list expired: start over in one piece.
-                    log.info("%s: continue token expired, listing again without paging", r.name)
-                    items.clear()
-                    token, paged = "", False
-                    continue
-                if err.status in (403, 404) and not r.required:
-                    raise _Missing(err.status, _describe(err)) from err
-                raise
-            try:
-                body = json.loads(resp.data)
-            finally:
-                resp.release_conn()
+            page = pages.get()
+            if isinstance(page, BaseException):
+                raise page
+            if page is _RESTART:
+                items.clear()
+                continue
+            # The fetcher's reading of the list metadata decides, so both agree on the end.
+            body, meta = page
+            if not isinstance(body, dict):
+                body = json.loads(body)
             for item in body.get("items") or []:
                 # List items lack TypeMeta; give them the kind a manifest or watch event has.
                 item.setdefault("kind", r.kind)
                 item.setdefault("apiVersion", r.api_version)
                 items[_key(item)] = item
-            meta = body.get("metadata") or {}
-            token = meta.get("continue") or ""
-            if not token:
+            if not (meta.get("continue") or ""):
                 return items, str(meta.get("resourceVersion") or "")
+
+    def _fetch_pages(self, r: _Resource, pages: queue.SimpleQueue[Any]) -> None:
+        """Put each page of a list (its text and list metadata) on ``pages``, then stop; a
+        failure is put there instead, and ends the fetching."""
+        try:
+            token = ""
+            paged = self.page_size > 0
+            while True:
+                if not self.limiter.acquire(self._stop):
+                    raise _Stopped()
+                try:
+                    resp = self._get(
+                        r,
+                        self.request_timeout,
+                        limit=self.page_size if paged else None,
+                        **{"continue": token or None},
+                    )
+                except ApiException as err:
+                    if err.status == 410 and token:
+                        # The snapshot of the paged list expired: start over in one piece.
+                        log.info("%s: continue token expired, listing again without paging", r.name)
+                        pages.put(_RESTART)
+                        token, paged = "", False
+                        continue
+                    if err.status in (403, 404) and not r.required:
+                        raise _Missing(err.status, _describe(err)) from err
+                    raise
+                try:
+                    data = resp.data
+                finally:
+                    resp.release_conn()
+                body: Any = data
+                meta = _list_meta(data)
+                if meta is None:  # no metadata before the items: decode it all here
+                    body = json.loads(data)
+                    meta = body.get("metadata") or {}
+                pages.put((body, meta))
+                token = meta.get("continue") or ""
+                if not token:
+                    return
+        except BaseException as err:  # handed over to the decoding thread, which raises it
+            pages.put(err)
 
     def _replace(self, r: _Resource, items: dict[str, JSON], rv: str) -> None:
         """Apply a complete list as one batch: set what is new or changed, delete what is gone."""
