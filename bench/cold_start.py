@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -217,8 +218,105 @@ def address(v: int) -> str:
     return ".".join(str((v >> s) & 255) for s in (24, 16, 8, 0))
 
 
-def load_server(n: int) -> tuple[FakeApiServer, dict[int, dict[str, Any]]]:
-    """A started server holding the cluster; and the EndpointSlices by Service index."""
+CREATED = "2025-06-01T12:00:00Z"
+
+
+def _uid(text: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, text))
+
+
+def as_served(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with what a real cluster's copy holds besides: the fields kubectl and the
+    controllers write (labels, selector, owner, pod references, conditions, zone) and their
+    managedFields, which lists carry (``kubectl get`` hides them). The server adds uid,
+    resourceVersion, creationTimestamp and the Service defaults."""
+    meta = obj["metadata"]
+    name = meta["name"]
+    if obj["kind"] == "Service":
+        meta["labels"] = {"app": name}
+        obj["spec"]["selector"] = {"app": name}
+        obj["spec"]["ports"][0]["targetPort"] = TARGET_PORT
+        fields = {
+            "f:metadata": {"f:labels": {".": {}, "f:app": {}}},
+            "f:spec": {
+                "f:internalTrafficPolicy": {},
+                "f:ports": {
+                    ".": {},
+                    'k:{"port":80,"protocol":"TCP"}': {
+                        ".": {},
+                        "f:port": {},
+                        "f:protocol": {},
+                        "f:targetPort": {},
+                    },
+                },
+                "f:selector": {},
+                "f:sessionAffinity": {},
+                "f:type": {},
+            },
+        }
+        meta["managedFields"] = [_managed("kubectl-client-side-apply", "v1", fields)]
+    elif obj["kind"] == "EndpointSlice":
+        service = meta["labels"]["kubernetes.io/service-name"]
+        owner = _uid(f"service/{service}")
+        meta["generateName"] = f"{service}-"
+        meta["labels"]["endpointslice.kubernetes.io/managed-by"] = "endpointslice-controller.k8s.io"
+        meta["annotations"] = {"endpoints.kubernetes.io/last-change-trigger-time": CREATED}
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "name": service,
+                "uid": owner,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        for j, ep in enumerate(obj["endpoints"]):
+            pod = f"{service}-5d8f7c9b6-{j:05d}"
+            ep["conditions"] = {"ready": True, "serving": True, "terminating": False}
+            ep["targetRef"] = {
+                "kind": "Pod",
+                "name": pod,
+                "namespace": NAMESPACE,
+                "uid": _uid(f"pod/{pod}"),
+            }
+            ep["zone"] = "zone-a"
+        fields = {
+            "f:addressType": {},
+            "f:endpoints": {},
+            "f:metadata": {
+                "f:annotations": {
+                    ".": {},
+                    "f:endpoints.kubernetes.io/last-change-trigger-time": {},
+                },
+                "f:generateName": {},
+                "f:labels": {
+                    ".": {},
+                    "f:endpointslice.kubernetes.io/managed-by": {},
+                    "f:kubernetes.io/service-name": {},
+                },
+                "f:ownerReferences": {".": {}, f'k:{{"uid":"{owner}"}}': {}},
+            },
+            "f:ports": {},
+        }
+        meta["managedFields"] = [_managed("kube-controller-manager", "discovery.k8s.io/v1", fields)]
+    return obj
+
+
+def _managed(manager: str, api_version: str, fields: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "manager": manager,
+        "operation": "Update",
+        "apiVersion": api_version,
+        "time": CREATED,
+        "fieldsType": "FieldsV1",
+        "fieldsV1": fields,
+    }
+
+
+def load_server(n: int, bare: bool) -> tuple[FakeApiServer, dict[int, dict[str, Any]], int]:
+    """A started server holding the cluster; the EndpointSlices by Service index; and the
+    size of the Services and EndpointSlices as JSON."""
     srv = FakeApiServer().start()
     srv.create(
         "Node",
@@ -229,11 +327,16 @@ def load_server(n: int) -> tuple[FakeApiServer, dict[int, dict[str, Any]]]:
         },
     )
     slices: dict[int, dict[str, Any]] = {}
+    size = 0
     for obj in cluster(n):
-        srv.create(obj["kind"], obj)
+        if not bare:
+            obj = as_served(obj)
+        stored = srv.create(obj["kind"], obj)
         if obj["kind"] == "EndpointSlice":
             slices[int(obj["metadata"]["name"].split("-")[1])] = obj
-    return srv, slices
+        if obj["kind"] in ("Service", "EndpointSlice"):
+            size += len(json.dumps(stored, separators=(",", ":")))
+    return srv, slices, size
 
 
 # ------------------------------------------------------------------------------ one run
@@ -458,6 +561,7 @@ def burst(
     t_live = wait_for(lambda: bool(probe.uses(table, chain)), proc, "the last change", 120)
     cpu1 = cpu_seconds(proc.pid)
     wall = t_live - t_start
+    time.sleep(2)
     v = scrape_metric(ns, "kubeproxy_sync_proxy_rules_endpoint_changes_pending")
     return {
         "changes": total,
@@ -525,6 +629,11 @@ def med(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def seg(b: dict[str, float], start: str | None, end: str) -> str:
+    t0 = 0.0 if start is None else b.get(start, float("nan"))
+    return f"{b.get(end, float('nan')) - t0:.2f}s"
+
+
 def report(runs: list[Run], imports: dict[str, float], interpreter: float) -> str:
     r0 = runs[0]
     b = {k: med([r.breakdown.get(k, float("nan")) for r in runs]) for k in r0.breakdown}
@@ -533,19 +642,19 @@ def report(runs: list[Run], imports: dict[str, float], interpreter: float) -> st
     lines = [
         f"{r0.mode:9s} {r0.n:>6} services x 10: start->kernel {kernel:.2f}s"
         f" (runs {', '.join(f'{r.kernel_s:.2f}' for r in runs)})",
-        f"  breakdown: first API request {b.get('first_request', float('nan')):.2f}s"
-        f" (a bare interpreter {interpreter:.3f}s);"
-        f" lists complete {b.get('listed', float('nan')):.2f}s"
-        f" (last list request {b.get('last_list_request', float('nan')):.2f}s);"
-        f" sync start {b.get('sync_start', float('nan')):.2f}s;"
-        f" first sync {b.get('sync', float('nan')):.2f}s;"
-        f" in the kernel {kernel - b.get('sync_end', float('nan')):+.3f}s after its end",
+        f"  breakdown: start -> first API request {seg(b, None, 'first_request')}"
+        f" (a bare interpreter {interpreter:.3f}s) -> lists complete"
+        f" {seg(b, 'first_request', 'listed')} (last list request at"
+        f" {b.get('last_list_request', float('nan')):.2f}s) -> first sync starts"
+        f" {seg(b, 'listed', 'sync_start')} -> first sync {b.get('sync', float('nan')):.2f}s"
+        f" -> in the kernel {kernel - b.get('sync_end', float('nan')):+.3f}s after the sync's"
+        " end as logged",
         f"  rss: peak {med([r.rss_peak_mb for r in runs]):.0f} MB"
         f" (after the first sync {med([r.rss_start_mb for r in runs]):.0f} MB)",
         f"  burst: {u['changes']:.0f} changes at {u['rate']:.0f}/s; last one live"
         f" {u['catch_up_ms']:.0f} ms after it was written; proxy CPU {u['cpu_share']:.0%}"
         f" ({u['cpu_share_children']:.0%} with its children); pending max"
-        f" {u['pending_max']:.0f}, at the end {u['pending_end']:.0f}; {u['syncs']:.0f} syncs"
+        f" {u['pending_max']:.0f}, 2 s after {u['pending_end']:.0f}; {u['syncs']:.0f} syncs"
         f" (median {u['sync_median_ms']:.0f} ms, max {u['sync_max_ms']:.0f} ms);"
         f" relists {u['relists']:.0f}",
     ]
@@ -565,6 +674,9 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--rate", type=float, default=100.0, help="EndpointSlice changes a second")
     p.add_argument("--seconds", type=float, default=10.0, help="how long the burst lasts")
+    p.add_argument(
+        "--bare", action="store_true", help="the minimal objects, without what a cluster adds"
+    )
     p.add_argument("--json", type=Path, help="also write every run's figures here")
     args = p.parse_args()
     if os.geteuid() != 0:
@@ -580,8 +692,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(s) for s in args.sizes.split(",")):
             start = time.monotonic()
-            srv, slices = load_server(n)
-            print(f"# {n} services loaded in {time.monotonic() - start:.1f}s", flush=True)
+            srv, slices, size = load_server(n, args.bare)
+            print(
+                f"# {n} services x 10 endpoints loaded in {time.monotonic() - start:.1f}s"
+                f" ({size / 1e6:.1f} MB of JSON)",
+                flush=True,
+            )
             try:
                 for mode in modes:
                     if mode not in imports:
