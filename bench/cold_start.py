@@ -21,8 +21,11 @@ It prints, per size and mode (medians of ``--repeat`` runs):
                   (itself, and with the restore tools it ran), the largest
                   kubeproxy_sync_proxy_rules_endpoint_changes_pending scraped, syncs it made
 
-The API server runs in this process, on the same CPUs as the proxy (a real one would too, on a
-control-plane node; here it is Python, slower than kube-apiserver at serving lists).
+The API server runs in this process, on the same CPUs as the proxy (a real one runs on a
+control-plane node; this one is Python): the first line of each size says how long it alone takes
+to serve the lists kubeplex asks for (pages of 500), and that plus a json.loads of each page.
+The objects are as a cluster holds them (managedFields, owner and pod references, conditions,
+zones; ``--bare`` for the minimal ones).
 
 Usage: python bench/cold_start.py [--modes iptables,nftables] [--sizes 1000,10000] [--repeat 3]
            [--rate 100] [--seconds 10]
