@@ -37,6 +37,7 @@ not have on its own.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import queue
@@ -661,6 +662,32 @@ def _describe(err: BaseException) -> str:
     return clip(text, LOG_TEXT_LIMIT)
 
 
+class _CollectorPause:
+    """The cyclic garbage collector off while the initial lists are decoded, then on again.
+
+    A first list allocates every object of the cluster and keeps them all, so each full
+    collection during it scans everything decoded so far: at 10,000 Services x 10 endpoints,
+    ten of them made the lists 3.4-3.7 s instead of 2.0 s. Nothing those lists make is garbage
+    yet, and the collector's state is the process's: resumed once, by whoever comes first
+    (the lists complete, or the source stops)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._paused = False
+
+    def pause(self) -> None:
+        with self._lock:
+            if not self._paused and gc.isenabled():
+                gc.disable()
+                self._paused = True
+
+    def resume(self) -> None:
+        with self._lock:
+            if self._paused:
+                self._paused = False
+                gc.enable()
+
+
 class KubeApiSource:
     """List+watch of the cluster objects kube-proxy programs, fed into a ClusterState.
 
@@ -741,6 +768,8 @@ class KubeApiSource:
         }
         self._stop = threading.Event()
         self._synced = threading.Event()
+        #: The cyclic collector, paused by start() until the initial lists are complete.
+        self._collector = _CollectorPause()
         self._node_seen = False
         self._started = False
         self._owns_api = False
@@ -766,6 +795,8 @@ class KubeApiSource:
             return self
         self._started = True
         self._stop.clear()
+        if not self._synced.is_set():
+            self._collector.pause()
         self.events.start()
         for r in self._resources.values():
             r.thread = threading.Thread(
@@ -778,6 +809,7 @@ class KubeApiSource:
         """Stop every thread; returns within about ``timeout`` seconds even if a request is
         still hanging (its daemon thread ends when the request does)."""
         self._stop.set()
+        self._collector.resume()
         for r in self._resources.values():
             resp = r.response
             if resp is not None:
@@ -1068,6 +1100,7 @@ class KubeApiSource:
                 if isinstance(self.cluster, GatedClusterState):
                     self.cluster.open()
                 self._synced.set()
+                self._collector.resume()
 
     def _watch(self, r: _Resource, max_seconds: float) -> None:
         """One watch request, bounded by ``timeoutSeconds``; returns when it ends cleanly."""

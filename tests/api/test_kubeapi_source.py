@@ -3,6 +3,7 @@ against the fake API server, which only grants what kube-proxy's RBAC grants."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import threading
@@ -33,6 +34,7 @@ from kubeplex.core.sources.kubeapi import (
     GatedClusterState,
     KubeApiSource,
     TokenBucket,
+    _CollectorPause,
 )
 
 NODE = "kind-worker"
@@ -600,3 +602,55 @@ def test_run_once_with_an_unreachable_api_fails_after_a_bounded_wait(
             signal.signal(s, h)
     assert code == cli.EXIT_SYNC_FAILED
     assert time.monotonic() - started < 5
+
+
+def test_the_collector_is_off_while_the_initial_lists_are_decoded_only(
+    srv: FakeApiServer, make_source: Callable[..., KubeApiSource]
+) -> None:
+    populate(srv, 5)
+    source = make_source()
+    seen: list[bool] = []
+    set_service = source.cluster.set_service
+
+    def recording(obj: Mapping[str, Any], origin: str = "") -> None:
+        seen.append(gc.isenabled())
+        set_service(obj, origin)
+
+    source.cluster.set_service = recording  # type: ignore[method-assign]
+    assert gc.isenabled()
+    source.start()
+    assert source.wait_for_initial_sync(5)
+    assert len(seen) == 5 and not any(seen)  # every listed Service decoded with it off
+    assert gc.isenabled()  # and on again once the lists are complete
+    srv.update("Service", svc("s0", port=81))
+    wait_until(lambda: len(seen) == 6)
+    assert seen[-1] is True  # watch events: the collector runs as usual
+
+
+def test_a_source_stopped_before_its_lists_gives_the_collector_back() -> None:
+    # A role that may not list Services: the initial sync never completes.
+    server = FakeApiServer(
+        authorizer={p for p in KUBE_PROXY_PERMISSIONS if p[1] != "services"}
+    ).start()
+    api = server.api_client()
+    try:
+        source = KubeApiSource(api, NODE, backoff_initial=0.05).start()
+        assert not source.wait_for_initial_sync(0.5)
+        assert not gc.isenabled()
+        source.stop()
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+        api.close()
+        server.stop()
+
+
+def test_a_collector_paused_by_someone_else_stays_paused() -> None:
+    gc.disable()
+    try:
+        pause = _CollectorPause()
+        pause.pause()
+        pause.resume()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
