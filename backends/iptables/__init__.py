@@ -252,14 +252,10 @@ class IptablesBackend(FamilyBackend[FamilyRenderer, IptablesRendered]):
         counts["restores"] += 1
         for table, written in (("filter", plan.filter), ("nat", plan.nat)):
             total, last = renderer.rules_owned[table], sum(map(len, written.values()))
-            counts[f"iptables_total_{table}_{fam}"] = total
-            counts[f"iptables_last_{table}_{fam}"] = last
             samples.append(Sample(metrics.IPTABLES_TOTAL, (fam, table), total))
             samples.append(Sample(metrics.IPTABLES_LAST, (fam, table), last))
         counts["rules"] += plan.rule_count
         counts["chains_deleted"] += len(plan.delete)
-        for which in ("internal", "external"):
-            counts[f"no_local_endpoints_{which}_{fam}"] = plan.no_local_endpoints.get(which, 0)
 
     # --- beside the sync path ---------------------------------------------------------------
 

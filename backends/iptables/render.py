@@ -183,6 +183,11 @@ class IptablesRendered(Rendered):
         return "".join(out)
 
 
+def _is_large(graph: ServiceGraph) -> bool:
+    """Whether upstream's large-cluster mode applies (more than LARGE_CLUSTER_ENDPOINTS)."""
+    return graph.total_endpoints() > LARGE_CLUSTER_ENDPOINTS
+
+
 #: ServiceRules fields that feed the fixed chains, by (table, chain).
 SHARED = {
     ("filter", names.SERVICES): "filter_services",
@@ -225,13 +230,15 @@ class FamilyRenderer:
 
     def next_is_full(self, graph: ServiceGraph, changes: ChangeSet) -> bool:
         """Whether rendering ``graph`` now rewrites everything."""
-        large = graph.total_endpoints() > LARGE_CLUSTER_ENDPOINTS
+        return self._is_full(changes, _is_large(graph))
+
+    def _is_full(self, changes: ChangeSet, large: bool) -> bool:
         # Comments change with the mode, so a switch rewrites every chain.
         return changes.full or large != self.large_cluster or self.force_full
 
     def render(self, graph: ServiceGraph, changes: ChangeSet) -> FamilyPlan:
-        large = graph.total_endpoints() > LARGE_CLUSTER_ENDPOINTS
-        full = changes.full or large != self.large_cluster or self.force_full
+        large = _is_large(graph)
+        full = self._is_full(changes, large)
         self.force_full = False
         plan = FamilyPlan(graph.family, full, large_cluster=large)
         if full:

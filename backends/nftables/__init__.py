@@ -373,9 +373,6 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
             counts["chains_deleted"] += plan.chains_deleted
             counts["elements_added"] += len(plan.elements_added)
             counts["elements_deleted"] += len(plan.elements_deleted)
-            fam = plan.settings.family.value
-            for kind in ("internal", "external"):
-                counts[f"no_local_endpoints_{kind}_{fam}"] = plan.no_local_endpoints.get(kind, 0)
             no_local[plan.settings.family] = NoLocalEndpoints(
                 plan.no_local_endpoints.get("internal", 0),
                 plan.no_local_endpoints.get("external", 0),
@@ -383,7 +380,6 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
         counts["services_failed"] = len(errors)
         samples = []
         for family, failures in self._cleanup_failures.items():
-            counts[f"nftables_cleanup_failures_{family.value}"] = failures
             samples.append(Sample(CLEANUP_FAILURES, (family.value,), failures, add=True))
         self._cleanup_failures = {}
         return SyncResult(

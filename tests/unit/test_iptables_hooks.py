@@ -241,7 +241,7 @@ def test_samples_and_no_local_endpoints_after_a_sync() -> None:
     assert result.no_local_endpoints == {V4: NoLocalEndpoints(internal=0, external=1)}
     by_key = {(s.family, s.labels): s for s in result.samples}
     total = by_key[("kubeproxy_sync_proxy_rules_iptables_total", ("IPv4", "nat"))]
-    assert total.value == result.counts["iptables_total_nat_IPv4"] > 0 and not total.add
+    assert total.value == be.renderers[V4].rules_owned["nat"] > 0 and not total.add
     assert ("kubeproxy_sync_proxy_rules_iptables_last", ("IPv4", "filter")) in by_key
 
 

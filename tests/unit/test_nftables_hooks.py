@@ -110,7 +110,6 @@ def test_a_failed_listing_is_observed_and_counted_once() -> None:
         Sample(CLEANUP_FAILURES, ("IPv4",), 1, add=True),
         Sample(CLEANUP_FAILURES, ("IPv6",), 1, add=True),
     }
-    assert result.counts["nftables_cleanup_failures_IPv4"] == 1
     h.kernel.fail_listing = False
     assert h.backend.sync(h.cluster.checkout(full=True)).samples == ()
 
