@@ -6,7 +6,18 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 
-from kubeplex.core.cli import backends, cleanup, lab, logs, render, run, sysctls, version
+from kubeplex.core.cli import (
+    backends,
+    cleanup,
+    explain,
+    lab,
+    logs,
+    migrate,
+    render,
+    run,
+    sysctls,
+    version,
+)
 from kubeplex.core.cli.shared import (
     EXIT_BACKEND,
     EXIT_CONFIG,
@@ -35,6 +46,8 @@ COMMANDS: Mapping[str, Command] = {
     "run": run,
     "render": render,
     "cleanup": cleanup,
+    "migrate": migrate,
+    "explain": explain,
     "sysctls": sysctls,
     "version": version,
     "backends": backends,

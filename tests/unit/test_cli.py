@@ -31,6 +31,8 @@ def test_every_command_is_a_module_of_the_dispatch_table() -> None:
         "run",
         "render",
         "cleanup",
+        "migrate",
+        "explain",
         "sysctls",
         "version",
         "backends",
