@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -436,7 +436,7 @@ class NodeAgent:
     def last_error(self) -> str:
         return str(self.proxier.status.last_error)
 
-    def cleanup(self) -> CleanupReport:
+    def cleanup(self, keep: Collection[str] = ()) -> CleanupReport:
         """Remove everything the backend programmed on this node (``kubeplex cleanup``), and
         say what was removed.
 

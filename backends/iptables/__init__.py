@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -280,7 +280,7 @@ class IptablesBackend(FamilyBackend[FamilyRenderer, IptablesRendered]):
             for f in self.ctx.families
         ]
 
-    def cleanup(self) -> CleanupReport:
+    def cleanup(self, keep: Collection[str] = ()) -> CleanupReport:
         """Remove every chain and jump kubeplex (or upstream kube-proxy) made, in every family."""
         removed: list[str] = []
         for family, found in self._found():

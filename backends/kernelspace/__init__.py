@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
+from collections.abc import Collection
 from typing import Any
 
 from kubeplex.backends.kernelspace.policies import (
@@ -124,7 +125,7 @@ class KernelspaceBackend(FamilyBackend[FamilyRenderer, KernelspaceRendered]):
     def apply(self, rendered: Rendered) -> SyncResult:
         raise BackendError(requires_hns())
 
-    def cleanup(self) -> CleanupReport:
+    def cleanup(self, keep: Collection[str] = ()) -> CleanupReport:
         raise BackendError(requires_hns())
 
     def describe(self) -> list[str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -413,7 +413,7 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
                 lines += [f"nftables {fam} {names.TABLE} {kind} {name}" for name in sorted(found)]
         return lines
 
-    def cleanup(self) -> CleanupReport:
+    def cleanup(self, keep: Collection[str] = ()) -> CleanupReport:
         """Remove both kube-proxy tables (as upstream's CleanupLeftovers), whoever made them;
         reports those that existed, with what they held."""
         present = self._tables()

@@ -36,7 +36,7 @@ from __future__ import annotations
 import enum
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -256,14 +256,19 @@ class Backend(ABC):
     def invalidate(self) -> None:  # noqa: B027 - optional hook
         """Forget render caches: the next render is full (called after a failed apply)."""
 
-    def cleanup(self) -> CleanupReport:
+    def cleanup(self, keep: Collection[str] = ()) -> CleanupReport:
         """Remove every artifact of this mode on the node, and nothing else (``kubeplex
-        cleanup``), whoever made it; says what was removed. Default: nothing to remove."""
+        cleanup``), whoever made it; says what was removed. Default: nothing to remove.
+
+        ``keep``: artifacts to leave in place, in the words of ``leftovers`` — what the active
+        mode programmed, when another mode's leftovers are removed after a mode switch (two
+        modes may share objects: the iptables and ipvs modes both write KUBE-SERVICES)."""
         return CleanupReport(self.mode)
 
     def leftovers(self) -> list[str]:
         """What of this mode is programmed on the node (empty: nothing), one line per
-        artifact, in the words of ``CleanupReport``. Default: nothing."""
+        artifact, in the words of ``CleanupReport`` (a mode sharing an object with another
+        names it in the same words). Default: nothing."""
         return []
 
     def inspect(self, service_port: ServicePortName) -> list[ProgrammedService] | None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -213,7 +213,7 @@ class RecordingBackend(Backend):
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def cleanup(self) -> CleanupReport:
+    def cleanup(self, keep: Collection[str] = ()) -> CleanupReport:
         removed = self.leftovers()
         file = self.file
         if file is not None:
