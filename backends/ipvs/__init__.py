@@ -1,0 +1,1 @@
+"""The IPVS dataplane: upstream kube-proxy's IPVS mode (being built; see ``plan``)."""
