@@ -75,7 +75,8 @@ def diff(message: str, a: object, b: object) -> str:
 
 
 def text_arguments(args: Iterable[object]) -> list[str]:
-    """The texts among a seam call's arguments (a text, or a sequence of texts), in order.
+    """The texts among a seam call's arguments (a text, or a sequence of texts or of values
+    that print as what they send, like the IPVS mode's operations), in order.
 
     Enum members are labels (an IP family), not texts sent to the kernel.
     """
@@ -86,5 +87,11 @@ def text_arguments(args: Iterable[object]) -> list[str]:
         if isinstance(arg, str):
             out.append(arg)
         elif isinstance(arg, list | tuple):
-            out += [a for a in arg if isinstance(a, str) and not isinstance(a, enum.Enum)]
+            out += [str(a) for a in arg if _prints_as_sent(a)]
     return out
+
+
+def _prints_as_sent(value: object) -> bool:
+    if isinstance(value, enum.Enum):
+        return False
+    return isinstance(value, str) or type(value).__str__ is not object.__str__
