@@ -73,9 +73,10 @@ for f in /etc/apt/apt.conf.d/*; do
   [ -f "$f" ] && ! grep -qE 'Invoke|Pre-Install-Pkgs' "$f" && aptopts+=("--aptopt=$f")
 done
 
-# What the modes run: iptables (both its legacy and nft variants), nft, ipset (IPVS), conntrack,
-# ip, sysctl (procps), nfacct, modprobe (kmod); and Python for kubeplex itself.
-packages=python3,iptables,nftables,ipset,conntrack,iproute2,procps,nfacct,kmod
+# What the modes run: iptables (both its legacy and nft variants), nft, conntrack, ip, sysctl
+# (procps), nfacct, modprobe (kmod); ipset and ipvsadm for operators of the ipvs mode (which
+# itself talks netlink and runs neither); and Python for kubeplex itself.
+packages=python3,iptables,nftables,ipset,ipvsadm,conntrack,iproute2,procps,nfacct,kmod
 
 start=$(date +%s)
 mkdir -p "$out"

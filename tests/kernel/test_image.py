@@ -136,6 +136,14 @@ def test_backends_lists_the_linux_modes_as_usable(image: Path, netns: str) -> No
 
 
 @pytest.mark.kernel
+def test_the_ipvs_operators_tools_are_in_the_image(image: Path, netns: str) -> None:
+    """The ipvs mode talks netlink itself; operators debug it with ipvsadm and ipset."""
+    for argv in (("ipvsadm", "--version"), ("ipset", "version")):
+        proc = in_image(image, netns, *argv)
+        assert proc.returncode == 0, f"{argv}: {proc.stderr}"
+
+
+@pytest.mark.kernel
 def test_iptables_mode_on_an_empty_node_writes_nft_rules(image: Path, netns: str) -> None:
     run_once(image, netns)
     assert variant(image) == "/usr/sbin/iptables-nft"
