@@ -138,9 +138,10 @@ def test_backends_lists_the_linux_modes_as_usable(image: Path, netns: str) -> No
 @pytest.mark.kernel
 def test_the_ipvs_operators_tools_are_in_the_image(image: Path, netns: str) -> None:
     """The ipvs mode talks netlink itself; operators debug it with ipvsadm and ipset."""
-    for argv in (("ipvsadm", "--version"), ("ipset", "version")):
-        proc = in_image(image, netns, *argv)
-        assert proc.returncode == 0, f"{argv}: {proc.stderr}"
+    # ipvsadm answers nothing, not even --version, on a kernel without IPVS (as this one).
+    assert (image / "usr" / "sbin" / "ipvsadm").is_file()
+    proc = in_image(image, netns, "ipset", "version")
+    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.kernel
