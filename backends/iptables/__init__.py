@@ -46,7 +46,7 @@ from kubeplex.core.model.types import IPFamily, NodeInfo, ServicePortName, famil
 log = logging.getLogger(__name__)
 
 NFACCT_COUNTERS = (NFACCT_LOCALHOST_NODEPORTS, NFACCT_INVALID_DROPPED)
-ROUTE_LOCALNET = "net.ipv4.conf.all.route_localnet"
+ROUTE_LOCALNET = readback.ROUTE_LOCALNET
 
 
 @dataclass(frozen=True)
@@ -274,21 +274,31 @@ class IptablesBackend(FamilyBackend[FamilyRenderer, IptablesRendered]):
                 out.append(Sample(family, (), packets))
         return out
 
-    def _found(self) -> list[tuple[IPFamily, list[readback.Artifacts]]]:
+    def _found(self, keep: Collection[str] = ()) -> list[tuple[IPFamily, list[readback.Artifacts]]]:
         return [
-            (f, readback.artifacts(SavedRuleset.parse(self.kernel.save(f))))
+            (f, readback.artifacts(SavedRuleset.parse(self.kernel.save(f)), f, keep))
             for f in self.ctx.families
         ]
 
     def cleanup(self, keep: Collection[str] = ()) -> CleanupReport:
-        """Remove every chain and jump kubeplex (or upstream kube-proxy) made, in every family."""
+        """Remove every chain and jump kubeplex (or upstream kube-proxy) made, in every
+        family, but what ``keep`` names. KUBE-FIREWALL goes only where it is the mode's own
+        copy (``readback.firewall_is_ours``), and route_localnet, which it guarded, with it."""
+        keep = set(keep)
+        if readback.ROUTE_LOCALNET_LINE in keep:  # the active mode needs it: keep its guard
+            keep.add(readback.GUARD_LINE)
         removed: list[str] = []
-        for family, found in self._found():
+        for family, found in self._found(keep):
             text = readback.removal(found)
-            if text:
-                self.kernel.restore(family, text)
-                removed += readback.describe(family, found)
-                log.info("removed iptables rules (%s)", family.value)
+            if not text:
+                continue
+            if readback.removes_martian_guard(family, found):
+                # Before the guard goes: 127/8 must never be routable without it.
+                self.kernel.sysctl(ROUTE_LOCALNET, "0")
+            self.kernel.restore(family, text)
+            lines = readback.describe(family, found)
+            removed += [ln for ln in lines if ln not in keep]
+            log.info("removed iptables rules (%s)", family.value)
         self.invalidate()
         return CleanupReport(self.mode, tuple(removed))
 

@@ -4,14 +4,16 @@ what one Service port has (inspect), from iptables-save output."""
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from kubeplex.backends.iptables import names
+from kubeplex.backends.iptables.rules import KUBELET_FIREWALL
 from kubeplex.backends.netfilter.iptables import SavedRuleset, tool
 from kubeplex.core.dataplane.backend import EndpointView, ProgrammedService
 from kubeplex.core.model.types import IPFamily, ServicePortName
 
-#: Chains of the mode besides the per-service ones. KUBE-FIREWALL is kubelet's: never ours.
+#: Chains of the mode besides the per-service ones (KUBE-FIREWALL: see ``firewall_is_ours``).
 FIXED_CHAINS = frozenset(
     {
         names.SERVICES,
@@ -25,6 +27,16 @@ FIXED_CHAINS = frozenset(
     }
 )
 CLEANUP_TABLES = ("filter", "nat", "mangle")
+#: Chains only kubelet makes: where one exists, kubelet manages this node's KUBE-FIREWALL.
+KUBELET_MARKERS = (("mangle", "KUBE-IPTABLES-HINT"), ("mangle", "KUBE-KUBELET-CANARY"),
+                   ("nat", "KUBE-KUBELET-CANARY"), ("filter", "KUBE-KUBELET-CANARY"))  # fmt: skip
+#: The comment of the one rule the mode writes into KUBE-FIREWALL (and kubelet too).
+MARTIAN_COMMENT = "block incoming localnet connections"
+ROUTE_LOCALNET = "net.ipv4.conf.all.route_localnet"
+#: The leftover line of route_localnet, which the mode sets for localhost NodePorts.
+ROUTE_LOCALNET_LINE = f"sysctl {ROUTE_LOCALNET}=1"
+#: The leftover line of the mode's own KUBE-FIREWALL (IPv4), route_localnet's guard.
+GUARD_LINE = f"iptables filter chain {KUBELET_FIREWALL}"
 
 _TARGET = re.compile(r" -j (\S+)")
 _PROBABILITY = re.compile(r" --probability (\S+)")
@@ -41,28 +53,82 @@ class Artifacts:
     jumps: tuple[str, ...]
 
 
-def artifacts(saved: SavedRuleset) -> list[Artifacts]:
-    """What of the mode ``saved`` holds, per table (tables with nothing left out)."""
+def firewall_is_ours(saved: SavedRuleset) -> bool:
+    """Whether filter KUBE-FIREWALL is the mode's own copy, to remove with the rest.
+
+    The mode writes kubelet's anti-martian rule into it (localhost NodePorts make 127/8
+    routable). Where kubelet runs, the chain is kubelet's (upstream never deletes it): kubelet
+    leaves its marker chains, and deleting its guard would leave the node open until kubelet
+    restarts. A chain holding any other rule (an older kubelet's drop-mark rule, someone
+    else's) is not ours either. Empty is not ours: the mode never leaves it empty."""
+    rules = [r for r in saved.rules.get("filter", []) if r.split(" ", 2)[1] == KUBELET_FIREWALL]
+    if KUBELET_FIREWALL not in saved.chains.get("filter", set()) or not rules:
+        return False
+    if any(chain in saved.chains.get(table, set()) for table, chain in KUBELET_MARKERS):
+        return False
+    return all(f'"{MARTIAN_COMMENT}"' in r and r.endswith(" -j DROP") for r in rules)
+
+
+def _ours(table: str, chain: str, firewall: bool) -> bool:
+    if chain in FIXED_CHAINS:
+        return True
+    if table == "filter" and chain == KUBELET_FIREWALL:
+        return firewall
+    # Per-service chains live in nat only (as upstream hunts them); elsewhere a KUBE-SVC-...
+    # chain is someone else's.
+    return table == "nat" and names.is_service_chain(chain)
+
+
+def artifacts(
+    saved: SavedRuleset, family: IPFamily = IPFamily.IPv4, keep: Collection[str] = ()
+) -> list[Artifacts]:
+    """What of the mode ``saved`` (one family) holds, per table (tables with nothing left
+    out), but for what ``keep`` names in the words of ``describe``: a kept chain stays with
+    the jumps into it, a kept jump stays; a jump into a chain that goes, goes too."""
+    cmd = tool(family)
+    firewall = firewall_is_ours(saved)
     out = []
     for table in CLEANUP_TABLES:
         chains = saved.chains.get(table, set())
-        ours = sorted(c for c in chains if c in FIXED_CHAINS or names.is_service_chain(c))
-        mine = set(ours)
+        mine = {
+            c
+            for c in chains
+            if _ours(table, c, firewall) and f"{cmd} {table} chain {c}" not in keep
+        }
         jumps = tuple(
-            r for r in saved.rules.get(table, []) if r.split()[1] not in mine and _target(r) in mine
+            r
+            for r in saved.rules.get(table, [])
+            if r.split()[1] not in mine
+            and _target(r) in mine
+            and _jump_line(cmd, table, r) not in keep
         )
-        if ours or jumps:
-            out.append(Artifacts(table, tuple(ours), jumps))
+        if mine or jumps:
+            out.append(Artifacts(table, tuple(sorted(mine)), jumps))
     return out
 
 
+def _jump_line(cmd: str, table: str, rule: str) -> str:
+    return f"{cmd} {table} jump {rule.split()[1]} -> {_target(rule)}"
+
+
+def removes_martian_guard(family: IPFamily, found: list[Artifacts]) -> bool:
+    """Whether removing ``found`` takes the mode's KUBE-FIREWALL away (IPv4): then the
+    route_localnet it guarded goes back to the kernel's default too."""
+    return family is IPFamily.IPv4 and any(
+        a.table == "filter" and KUBELET_FIREWALL in a.chains for a in found
+    )
+
+
 def describe(family: IPFamily, found: list[Artifacts]) -> list[str]:
-    """One line per artifact, as ``CleanupReport`` and ``leftovers`` word them."""
+    """One line per artifact, as ``CleanupReport`` and ``leftovers`` word them (iptables
+    chains as every netfilter mode words them, so a mode sharing one names it the same)."""
     cmd = tool(family)
     lines = []
     for a in found:
         lines += [f"{cmd} {a.table} chain {c}" for c in a.chains]
-        lines += [f"{cmd} {a.table} jump {r.split()[1]} -> {_target(r)}" for r in a.jumps]
+        lines += [_jump_line(cmd, a.table, r) for r in a.jumps]
+    if removes_martian_guard(family, found):
+        lines.append(ROUTE_LOCALNET_LINE)
     return lines
 
 

@@ -415,8 +415,9 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
 
     def cleanup(self, keep: Collection[str] = ()) -> CleanupReport:
         """Remove both kube-proxy tables (as upstream's CleanupLeftovers), whoever made them;
-        reports those that existed, with what they held."""
-        present = self._tables()
+        reports those that existed, with what they held. A table ``keep`` names stays whole
+        (no other mode shares the tables, so only a mode of the same tables would name it)."""
+        present = [fam for fam in self._tables() if _table_line(fam) not in keep]
         removed = self._artifacts(present)
         if present:
             # "add" first: a table removed meanwhile would fail the whole transaction.

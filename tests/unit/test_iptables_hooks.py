@@ -258,12 +258,28 @@ def test_scrape_reads_the_nfacct_counters_it_can() -> None:
 # --- cleanup, leftovers, inspect ----------------------------------------------------------------
 
 
-def programmed(objs: list[dict[str, Any]]) -> tuple[IptablesBackend, Seam]:
-    """A node where a full sync of ``objs`` ran, with kubelet's chain beside ours."""
+#: What kubelet writes on a node: its hint and canary chains, and KUBE-FIREWALL.
+KUBELET = (
+    "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\n:KUBE-KUBELET-CANARY - [0:0]\nCOMMIT\n"
+    "*filter\n:KUBE-FIREWALL - [0:0]\n:KUBE-KUBELET-CANARY - [0:0]\n-A INPUT -j KUBE-FIREWALL\n"
+    '-A KUBE-FIREWALL -m comment --comment "block incoming localnet connections"'
+    " -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP\n"
+    "COMMIT\n"
+)
+
+
+def programmed(
+    objs: list[dict[str, Any]], kubelet: bool = True, after: str = ""
+) -> tuple[IptablesBackend, Seam]:
+    """A node where a full sync of ``objs`` ran, with kubelet's chains beside ours (unless
+    ``kubelet`` is False) and ``after`` restored once it ran."""
     seam = Seam()
-    seam.restore(V4, "*filter\n:KUBE-FIREWALL - [0:0]\n-A INPUT -j KUBE-FIREWALL\nCOMMIT\n")
+    if kubelet:
+        seam.restore(V4, KUBELET)
     be, cluster = setup(seam, objs)
     be.sync(cluster.checkout(full=True))
+    if after:
+        seam.restore(V4, after)
     seam.log.clear()
     return be, seam
 
@@ -281,8 +297,87 @@ def test_leftovers_and_cleanup_name_every_chain_and_jump_of_the_mode() -> None:
     assert f"-X {names.service_chain(WEB)}" in text
     assert "-D INPUT -j KUBE-FIREWALL" not in text and "-X KUBE-FIREWALL" not in text
     assert be.leftovers() == []
-    assert seam.chains(V4, "filter") == {"INPUT", "FORWARD", "OUTPUT", "KUBE-FIREWALL"}
+    assert seam.chains(V4, "filter") == {
+        "INPUT", "FORWARD", "OUTPUT", "KUBE-FIREWALL", "KUBE-KUBELET-CANARY"
+    }  # fmt: skip
     assert seam.rules(V4, "filter", "INPUT") == ["-A INPUT -j KUBE-FIREWALL"]
+    assert seam.chains(V4, "mangle") >= {"KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"}
+    assert ROUTE_LOCALNET not in seam.sysctls or seam.sysctls[ROUTE_LOCALNET] == "1"
+
+
+def test_without_kubelet_kube_firewall_is_ours_and_goes_with_route_localnet() -> None:
+    be, seam = programmed(objects(node_port=30080, type="NodePort"), kubelet=False)
+    assert seam.sysctls[ROUTE_LOCALNET] == "1"
+    found = be.leftovers()
+    assert "iptables filter chain KUBE-FIREWALL" in found
+    assert "iptables filter jump INPUT -> KUBE-FIREWALL" in found
+    assert "iptables filter jump OUTPUT -> KUBE-FIREWALL" in found
+    assert found[-1] == f"sysctl {ROUTE_LOCALNET}=1"
+    assert list(be.cleanup().removed) == found
+    assert seam.sysctls[ROUTE_LOCALNET] == "0"
+    assert "KUBE-" not in seam.save(V4)
+    assert be.leftovers() == []
+
+
+def test_foreign_chains_and_a_shared_kube_firewall_stay() -> None:
+    foreign = (
+        "*filter\n:KUBE-SVC-NOTOURS0000000 - [0:0]\n:KUBE-MYTHING - [0:0]\n"
+        "-A INPUT -s 10.9.9.9/32 -j KUBE-MYTHING\n-A KUBE-MYTHING -j ACCEPT\n"
+        # Someone else's rule in KUBE-FIREWALL (a sync declares the chain: it flushes it).
+        '-A KUBE-FIREWALL -m comment --comment "kubernetes firewall for dropping marked packets"'
+        " -m mark --mark 0x8000/0x8000 -j DROP\nCOMMIT\n"
+        "*nat\n:KUBE-MYNAT - [0:0]\n-A PREROUTING -d 10.9.9.9/32 -j KUBE-MYNAT\nCOMMIT\n"
+    )
+    be, seam = programmed(objects(), kubelet=False, after=foreign)
+    assert not [ln for ln in be.leftovers() if "FIREWALL" in ln and "PROXY" not in ln]
+    before = seam.save(V4)
+    be.cleanup()
+    after = seam.save(V4)
+    for line in before.splitlines():
+        if any(
+            w in line for w in ("MYTHING", "MYNAT", "NOTOURS", " KUBE-FIREWALL", ":KUBE-FIREWALL")
+        ):
+            assert line in after.splitlines(), line
+    assert "-A OUTPUT -j KUBE-FIREWALL" in after and seam.sysctls[ROUTE_LOCALNET] == "1"
+    assert be.leftovers() == []
+
+
+def test_cleanup_keeps_what_the_active_mode_names() -> None:
+    be, seam = programmed(objects(node_port=30080, type="NodePort"), kubelet=False)
+    found = be.leftovers()
+    keep = {
+        "iptables nat chain KUBE-SERVICES",
+        "iptables nat chain KUBE-MARK-MASQ",
+        "iptables nat chain KUBE-POSTROUTING",
+        "iptables nat jump POSTROUTING -> KUBE-POSTROUTING",
+        f"sysctl {ROUTE_LOCALNET}=1",
+    }
+    report = be.cleanup(keep=keep)
+    assert not set(report.removed) & keep
+    # The guard stays with the route_localnet it guards; jumps into kept chains stay; the
+    # kept chain's own jumps into chains that go, go with them.
+    assert set(report.removed) == set(found) - keep - {
+        "iptables filter chain KUBE-FIREWALL",
+        "iptables filter jump INPUT -> KUBE-FIREWALL",
+        "iptables filter jump OUTPUT -> KUBE-FIREWALL",
+        "iptables nat jump PREROUTING -> KUBE-SERVICES",
+        "iptables nat jump OUTPUT -> KUBE-SERVICES",
+    } | {
+        f"iptables nat jump KUBE-SERVICES -> {names.service_chain(WEB)}",
+        "iptables nat jump KUBE-SERVICES -> KUBE-NODEPORTS",
+    }
+    assert seam.sysctls[ROUTE_LOCALNET] == "1"
+    nat = seam.save(V4, "nat")
+    assert ":KUBE-SERVICES" in nat and "-A PREROUTING" in nat and "KUBE-SVC-" not in nat
+    assert "-A KUBE-MARK-MASQ -j MARK" in nat
+    left = be.leftovers()
+    assert set(left) == (keep | {
+        "iptables filter chain KUBE-FIREWALL",
+        "iptables filter jump INPUT -> KUBE-FIREWALL",
+        "iptables filter jump OUTPUT -> KUBE-FIREWALL",
+        "iptables nat jump PREROUTING -> KUBE-SERVICES",
+        "iptables nat jump OUTPUT -> KUBE-SERVICES",
+    })  # fmt: skip
 
 
 def test_nothing_to_clean_up() -> None:

@@ -160,6 +160,16 @@ def test_cleanup_reports_only_the_tables_that_existed() -> None:
     assert set(h.kernel.nft.tables) == {"ip other"} and h.backend.leftovers() == []
 
 
+def test_cleanup_keeps_a_table_the_active_mode_names() -> None:
+    h = Harness(many_services(2), families=(V4, V6))
+    h.sync()
+    keep = {"nftables table ip6 kube-proxy", "iptables nat chain KUBE-SERVICES"}
+    report = h.backend.cleanup(keep=keep)
+    assert report.removed and all(" ip kube-proxy" in line for line in report.removed)
+    assert set(h.kernel.nft.tables) == {"ip6 kube-proxy"}
+    assert h.backend.leftovers()[0] == "nftables table ip6 kube-proxy"
+
+
 def test_cleanup_fails_when_nft_does() -> None:
     class Broken(FakeKernel):
         def list(self, commands: str, terse: bool = False) -> str:
