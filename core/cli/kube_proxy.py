@@ -15,6 +15,7 @@ import yaml
 
 from kubeplex.core.cli import kube_proxy_flags as flags
 from kubeplex.core.cli import logs
+from kubeplex.core.cli.cleanup import clean
 from kubeplex.core.cli.config_watch import ConfigWatch
 from kubeplex.core.cli.kube_proxy_config import build
 from kubeplex.core.cli.run import serve
@@ -25,7 +26,7 @@ from kubeplex.core.cli.shared import (
     make_backend,
     reporting_errors,
 )
-from kubeplex.core.config.kubeproxy import KubeProxyConfiguration, with_overrides
+from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
 from kubeplex.core.dataplane import plugins
 from kubeplex.core.model.errors import KubeplexError
 from kubeplex.core.version import __version__
@@ -56,23 +57,14 @@ def write_config(cfg: KubeProxyConfiguration, path: str) -> None:
 def cleanup_every_mode(cfg: KubeProxyConfiguration) -> int:
     """``--cleanup``: what ``kubeplex cleanup`` does, for every mode of this platform (as
     upstream cleans up iptables, ipvs and nftables alike), then exit."""
-    trust = plugins.load_trust_list()
     failed = False
-    for mode, entry in sorted(trust.backends.items()):
-        if plugins.this_platform() not in entry.platforms:
-            continue
-        missing = plugins.missing_requirements(mode, trust=trust)
-        if missing:
-            log.info("mode %s: nothing to clean up here (%s)", mode, "; ".join(missing))
-            continue
-        try:
-            mode_cfg = with_overrides(cfg, mode=mode, known_modes=plugins.known_modes())
-            report = make_backend(mode_cfg, None).cleanup()
-        except KubeplexError as err:
-            log.error("mode %s: cleanup failed: %s", mode, err)
+    for done in clean(cfg, None):
+        if done.error:
+            log.error("mode %s: cleanup failed: %s", done.mode, done.error)
             failed = True
-            continue
-        for line in report.removed:
+        elif done.skipped:
+            log.info("mode %s: nothing to clean up here (%s)", done.mode, done.skipped)
+        for line in done.removed:
             print(f"removed {line}")
     return EXIT_BACKEND if failed else EXIT_OK
 

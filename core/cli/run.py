@@ -27,6 +27,7 @@ from kubeplex.core.cli.shared import (
     state_from_manifests,
 )
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
+from kubeplex.core.daemon.modes import SwitchCleanup, SwitchReport
 from kubeplex.core.daemon.process import prepare_process, warn_unusable_fields
 from kubeplex.core.daemon.proxier import Proxier
 from kubeplex.core.daemon.runner import SyncRunner
@@ -145,9 +146,12 @@ def serve(
     netns: str | None = None,
     watch: ConfigWatch | None = None,
     master: str = "",
+    switched: SwitchReport | None = None,
 ) -> int:
     """The daemon (``kubeplex run`` and ``kube-proxy``), or with ``once`` one full sync.
-    With ``watch``, a change of the configuration file ends it with EXIT_CONFIG_CHANGED."""
+    With ``watch``, a change of the configuration file ends it with EXIT_CONFIG_CHANGED.
+    After the first successful sync, the other modes' leftovers are removed (told to
+    ``switched``): a node switched to this mode is never without rules."""
     if once or netns is not None:
         # One sync, or a lab's proxy inside a namespace: not the node's proxy process, whose
         # OOM score is set (the fields nothing uses are still named).
@@ -195,7 +199,9 @@ def serve(
     try:
         backend.prepare()
         proxier = Proxier(cluster, backend)
+        switch = SwitchCleanup(backend, switched)
         if once:
+            proxier.listeners.append(switch)
             # Just the rules: no servers, sysctls or conntrack work (nor their imports).
             if not proxier.sync(full=True):
                 return EXIT_SYNC_FAILED
@@ -214,6 +220,7 @@ def serve(
             (lambda: api.node_deleting) if api is not None else (lambda: cluster.node.deleting),
             netns=netns,
         )
+        proxier.listeners.append(switch)  # after the node's own listeners: health first
 
         sync_period, min_sync_period = backend.sync_periods()
         runner = SyncRunner(ops.sync, cluster.changed, min_sync_period, sync_period)

@@ -23,13 +23,21 @@ def test_run_once_programs_and_cleanup_removes(netns: str) -> None:
     proc = kubeplex("cleanup", *args)
     assert proc.returncode == 0, proc.stderr
     removed = proc.stdout.splitlines()
-    assert removed and all(line.startswith("removed ") for line in removed)
+    # Every mode says what it removed (one line per artifact) or that it had nothing.
+    ours = [line for line in removed if line.startswith("iptables: removed ")]
+    assert ours and all(
+        line in ours or line.startswith("nftables: nothing to remove") for line in removed
+    ), removed
     assert any("KUBE-SVC-LOLE4ISW44XBNF3G" in line for line in removed)
     saved = in_netns(netns, "iptables-save")
     assert "KUBE-SVC-" not in saved
     assert "KUBE-SERVICES" not in saved
     proc = kubeplex("cleanup", *args)
-    assert (proc.returncode, proc.stdout) == (0, "nothing to remove\n")
+    assert proc.returncode == 0
+    assert "iptables: nothing to remove\n" in proc.stdout
+    assert "removed" not in proc.stdout
+    proc = kubeplex("cleanup", *args, "--mode", "iptables")
+    assert (proc.returncode, proc.stdout) == (0, "iptables: nothing to remove\n")
 
 
 @pytest.mark.kernel

@@ -4,6 +4,7 @@ exactly what iptables-restore received."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -100,8 +101,40 @@ def test_the_printed_render_is_what_restore_received(netns: str) -> None:
     assert names.service_chain(WEB) not in in_netns(netns, "iptables-save")
 
 
+#: What kubelet writes on an IPv4 node: its hint and canary chains, and KUBE-FIREWALL.
+KUBELET = (
+    "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\n:KUBE-KUBELET-CANARY - [0:0]\nCOMMIT\n"
+    "*filter\n:KUBE-FIREWALL - [0:0]\n:KUBE-KUBELET-CANARY - [0:0]\n-A INPUT -j KUBE-FIREWALL\n"
+    "-A OUTPUT -j KUBE-FIREWALL\n"
+    '-A KUBE-FIREWALL -m comment --comment "block incoming localnet connections"'
+    " -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP\n"
+    "COMMIT\n"
+)
+
+
+def restore(netns: str, text: str) -> None:
+    subprocess.run(
+        ["ip", "netns", "exec", netns, "iptables-restore", "--noflush"],
+        input=text, text=True, check=True, capture_output=True,
+    )  # fmt: skip
+
+
+@pytest.mark.kernel
+def test_without_kubelet_cleanup_takes_kube_firewall_and_route_localnet(netns: str) -> None:
+    be, cluster, _ = setup(netns, web())
+    be.sync(cluster.checkout(full=True))
+    found = be.leftovers()
+    assert "iptables filter chain KUBE-FIREWALL" in found
+    assert f"sysctl {ROUTE_LOCALNET}=1" in found
+    assert sorted(be.cleanup().removed) == sorted(found)
+    assert in_netns(netns, "sysctl", "-n", ROUTE_LOCALNET).strip() == "0"
+    for tool in ("iptables-save", "ip6tables-save"):
+        assert "KUBE-" not in in_netns(netns, tool)
+
+
 @pytest.mark.kernel
 def test_cleanup_reports_what_leftovers_listed(netns: str) -> None:
+    restore(netns, KUBELET)
     be, cluster, _ = setup(netns, web())
     be.sync(cluster.checkout(full=True))
     found = be.leftovers()
@@ -118,7 +151,9 @@ def test_cleanup_reports_what_leftovers_listed(netns: str) -> None:
     assert be.leftovers() == []
     for tool in ("iptables-save", "ip6tables-save"):
         left = [ln for ln in in_netns(netns, tool).splitlines() if "KUBE-" in ln]
-        assert all("KUBE-FIREWALL" in ln for ln in left), left
+        assert all("KUBE-FIREWALL" in ln or "KUBE-KUBELET-CANARY" in ln or "HINT" in ln
+                   for ln in left), left  # fmt: skip
+    assert in_netns(netns, "sysctl", "-n", ROUTE_LOCALNET).strip() == "1"  # guarded still
     assert be.cleanup().removed == ()
 
 
