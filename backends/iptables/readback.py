@@ -199,6 +199,18 @@ def programmed(
         share = remaining * (float(m.group(1)) if m else 1.0)
         remaining -= share
         endpoints.append(_endpoint(by_chain.get(target, []), share))
+    # Endpoints only the other of the cluster and local chains reaches: no share of the main one.
+    shared = {e.target for e in endpoints}
+    for chain in chains[:2]:
+        if chain == main or not chain.startswith(("KUBE-SVC-", "KUBE-SVL-")):
+            continue
+        for rule, _ in by_chain.get(chain, []):
+            target = _target(rule)
+            if target and target.startswith("KUBE-SEP-") and " --rcheck " not in rule:
+                view = _endpoint(by_chain.get(target, []), None)
+                if view.target not in shared:
+                    shared.add(view.target)
+                    endpoints.append(view)
 
     rules = [r for c in objects for r, _ in by_chain.get(c, [])]
     seconds = next((int(m.group(1)) for r in rules if (m := _SECONDS.search(r))), None)
@@ -214,7 +226,9 @@ def programmed(
     )
 
 
-def _endpoint(rules: list[tuple[str, tuple[int, int] | None]], share: float) -> EndpointView:
+def _endpoint(
+    rules: list[tuple[str, tuple[int, int] | None]], share: float | None
+) -> EndpointView:
     for rule, counts in rules:
         if m := _DESTINATION.search(rule):
             return EndpointView(

@@ -60,11 +60,12 @@ def programmed(spn: ServicePortName, family: IPFamily, text: str) -> ProgrammedS
         rules = table.chains.get(chain, [])
         target = next((m.group(1) for r in rules if (m := _DNAT.search(r))), "")
         counted = next((m for r in rules if (m := _COUNTER.search(r))), None)
-        weight = slots.get(chain, 0)
+        # An endpoint only the other chain's vmap reaches has no slot in the main one.
+        weight = slots.get(chain)
         views.append(
             EndpointView(
                 target=target,
-                share=weight / total if total else None,
+                share=weight / total if total and weight is not None else None,
                 weight=weight,
                 packets=int(counted.group(1)) if counted else None,
                 bytes=int(counted.group(2)) if counted else None,
