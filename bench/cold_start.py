@@ -400,6 +400,7 @@ class Run:
     rss_peak_mb: float = 0.0
     burst: dict[str, float] = field(default_factory=dict)
     imports: dict[str, float] = field(default_factory=dict)
+    variant: str = ""
 
 
 def proc_status_kib(pid: int, key: str) -> int:
@@ -638,6 +639,18 @@ def burst_log(entries: list[tuple[float, str]], b: dict[str, float]) -> dict[str
     }
 
 
+def baseline_env(env: dict[str, str], root: Path) -> dict[str, str]:
+    """The environment that runs the kubeplex package under ``root`` (found on PYTHONPATH
+    before the installed one), with its bytecode compiled too."""
+    package = root / "kubeplex"
+    if not (package / "core").is_dir():
+        sys.exit(f"--baseline {root}: no kubeplex/core there")
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(package)], check=True)
+    out = dict(env)
+    out["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
+    return out
+
+
 # ------------------------------------------------------------------------------ imports
 
 
@@ -726,6 +739,12 @@ def main() -> None:
         "--bare", action="store_true", help="the minimal objects, without what a cluster adds"
     )
     p.add_argument("--json", type=Path, help="also write every run's figures here")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        help="a directory holding another kubeplex package (kubeplex/core, ...): its runs are"
+        " interleaved with this checkout's, run by run, and reported after them",
+    )
     args = p.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
@@ -733,8 +752,11 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     modes = [m for m in args.modes.split(",") if m in plugins.available()]
     env = installed_env()
+    variants = {"": env}
+    if args.baseline is not None:
+        variants["baseline"] = baseline_env(env, args.baseline.resolve())
     interpreter = interpreter_time(env)
-    imports: dict[str, dict[str, float]] = {}
+    imports: dict[tuple[str, str], dict[str, float]] = {}
     everything: list[dict[str, Any]] = []
     counter = [0]
     with tempfile.TemporaryDirectory() as tmp:
@@ -750,25 +772,34 @@ def main() -> None:
             )
             try:
                 for mode in modes:
-                    if mode not in imports:
-                        imports[mode] = measure(
-                            srv, slices, mode, env, Path(tmp), 0, 0, counter, importtime=True
+                    runs: dict[str, list[Run]] = {name: [] for name in variants}
+                    for name, venv in variants.items():
+                        imports[mode, name] = measure(
+                            srv, slices, mode, venv, Path(tmp), 0, 0, counter, importtime=True
                         ).imports
-                    runs = []
                     for _ in range(args.repeat):
-                        runs.append(
-                            measure(
-                                srv, slices, mode, env, Path(tmp), args.rate, args.seconds, counter
+                        for name, venv in variants.items():  # interleaved: the same load
+                            run = measure(
+                                srv, slices, mode, venv, Path(tmp), args.rate, args.seconds, counter
                             )
-                        )
-                        everything.append(vars(runs[-1]))
-                    print(report(runs, imports.get(mode, {}), interpreter), flush=True)
+                            run.variant = name
+                            runs[name].append(run)
+                            everything.append(vars(run))
+                    for name, done in runs.items():
+                        if name:
+                            print(f"  -- {name} (interleaved with the runs above) --")
+                        print(report(done, imports[mode, name], interpreter), flush=True)
             finally:
                 srv.stop()
     if args.json:
         args.json.write_text(
             json.dumps(
-                {"interpreter": interpreter, "imports": imports, "runs": everything}, indent=1
+                {
+                    "interpreter": interpreter,
+                    "imports": {"/".join(filter(None, k)): v for k, v in imports.items()},
+                    "runs": everything,
+                },
+                indent=1,
             )
         )
 

@@ -3,9 +3,14 @@ and ServiceCIDRs.
 
 One daemon thread per resource runs a reflector loop like client-go's:
 
-* **list** (paged with ``limit``/``continue``) into a buffer; only a *complete* list is applied,
-  as a diff against what was applied before (new or changed objects set, vanished ones
-  deleted), under the cluster's batch lock, so a sync never sees half a relist;
+* **list** into a buffer; only a *complete* list is applied, as a diff against what was applied
+  before (new or changed objects set, vanished ones deleted), under the cluster's batch lock,
+  so a sync never sees half a relist. The resourceVersions are the reflector's: the first list
+  asks for ``resourceVersion=0`` with a ``limit`` (the watch cache answers it whole, ignoring
+  the limit; a server without one pages it, and then every list is paged); a relist asks for
+  the last resourceVersion seen, unpaged (served by the watch cache, at least that fresh);
+  a list whose resourceVersion is too old (410) or too new (504 ResourceVersionTooLarge) is
+  retried at once with ``resourceVersion`` unset, paged (a consistent read);
 * **watch** from the list's resourceVersion with ``allowWatchBookmarks`` and a bounded,
   jittered ``timeoutSeconds``; a clean end re-watches from the last resourceVersion seen
   (events and bookmarks advance it);
@@ -568,6 +573,10 @@ class _Resource:
     synced: threading.Event = field(default_factory=threading.Event)
     last_list: float = float("-inf")
     lists: int = 0
+    #: the last list's resourceVersion was too old or too new: the next list asks for none
+    rv_unavailable: bool = False
+    #: a list at resourceVersion 0 came in pages (no watch cache): relists are paged too
+    paginated: bool = False
     watches: int = 0
     healthy: bool = False
     last_error: str = ""
@@ -630,6 +639,31 @@ def _key(obj: Mapping[str, Any]) -> str:
 def _rv_of(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     return str(meta.get("resourceVersion") or "")
+
+
+def _rv_unavailable(err: ApiException) -> bool:
+    """A list's resourceVersion is gone or not there yet: 410 Expired/Gone, or the 504
+    Timeout whose cause is ResourceVersionTooLarge (client-go's isExpiredError and
+    isTooLargeResourceVersionError, the older servers' message included)."""
+    if err.status == 410:
+        return True
+    if err.status != 504:
+        return False
+    try:
+        status = json.loads(err.body or "{}")
+    except (ValueError, TypeError):
+        return False
+    if not isinstance(status, dict):
+        return False
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    for cause in causes if isinstance(causes, list) else []:
+        if isinstance(cause, dict) and (
+            cause.get("reason") == "ResourceVersionTooLarge"
+            or cause.get("message") == "Too large resource version"
+        ):
+            return True
+    return "Too large resource version" in str(status.get("message", ""))
 
 
 def _iter_lines(resp: Any) -> Iterator[bytes]:
@@ -1026,10 +1060,19 @@ class KubeApiSource:
 
     def _fetch_pages(self, r: _Resource, pages: queue.SimpleQueue[Any]) -> None:
         """Put each page of a list (its text and list metadata) on ``pages``, then stop; a
-        failure is put there instead, and ends the fetching."""
+        failure is put there instead, and ends the fetching.
+
+        client-go's reflector and pager: the resourceVersion is "0" for the first list, the
+        last one seen for a relist, unset after that one was unavailable; ``limit`` is sent
+        unless a relist can be served by the watch cache (a resourceVersion other than "0",
+        on a server that did not page the first list); continued pages carry no
+        resourceVersion, and an expired continue token lists again in one piece."""
         try:
+            rv = "" if r.rv_unavailable else (r.rv or "0")
+            paged = self.page_size > 0 and (r.paginated or rv in ("", "0"))
             token = ""
-            paged = self.page_size > 0
+            retried = False
+            pages_put = 0
             while True:
                 if not self.limiter.acquire(self._stop):
                     raise _Stopped()
@@ -1038,6 +1081,7 @@ class KubeApiSource:
                         r,
                         self.request_timeout,
                         limit=self.page_size if paged else None,
+                        resourceVersion=None if token else (rv or None),
                         **{"continue": token or None},
                     )
                 except ApiException as err:
@@ -1045,7 +1089,20 @@ class KubeApiSource:
                         # The snapshot of the paged list expired: start over in one piece.
                         log.info("%s: continue token expired, listing again without paging", r.name)
                         pages.put(_RESTART)
-                        token, paged = "", False
+                        token, paged, rv = "", False, ""
+                        continue
+                    if not token and not retried and rv and _rv_unavailable(err):
+                        # Too old (compacted) or too new (a lagging cache): a consistent list.
+                        log.info(
+                            "%s: list at resourceVersion %s failed (%s): listing the latest",
+                            r.name,
+                            bare(rv),
+                            _describe(err),
+                        )
+                        r.rv_unavailable = True
+                        if pages_put:
+                            pages.put(_RESTART)
+                        rv, paged, retried = "", self.page_size > 0, True
                         continue
                     if err.status in (403, 404) and not r.required:
                         raise _Missing(err.status, _describe(err)) from err
@@ -1059,9 +1116,13 @@ class KubeApiSource:
                 if meta is None:  # no metadata before the items: decode it all here
                     body = json.loads(data)
                     meta = body.get("metadata") or {}
-                pages.put((body, meta))
                 token = meta.get("continue") or ""
+                if rv == "0" and token:
+                    r.paginated = True  # no watch cache answered: page the relists too
+                pages.put((body, meta))
+                pages_put += 1
                 if not token:
+                    r.rv_unavailable = False
                     return
         except BaseException as err:  # handed over to the decoding thread, which raises it
             pages.put(err)

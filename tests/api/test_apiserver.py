@@ -166,6 +166,41 @@ def test_list_services_paging_is_a_consistent_snapshot(
     assert [r.query.get("limit") for r in lists] == [None, "2", "2", "2"]
 
 
+def test_list_at_resource_version_0_comes_whole_from_the_watch_cache(
+    srv: FakeApiServer, api: client.ApiClient
+) -> None:
+    """Upstream's cacher ignores the limit of a list at resourceVersion "0" (computeListLimit);
+    a continued list, or any other resourceVersion, is paged."""
+    v1 = client.CoreV1Api(api)
+    for i in range(5):
+        srv.create("Service", svc(f"s{i}", ns="a"))
+    whole = v1.list_service_for_all_namespaces(limit=2, resource_version="0")
+    assert len(whole.items) == 5 and whole.metadata._continue is None
+    assert whole.metadata.resource_version == str(srv.resource_version)
+    assert whole.metadata.remaining_item_count is None
+    match = v1.list_service_for_all_namespaces(
+        limit=2, resource_version="0", resource_version_match="NotOlderThan"
+    )
+    assert len(match.items) == 5 and match.metadata._continue is None
+    page = v1.list_service_for_all_namespaces(limit=2)
+    assert len(page.items) == 2 and page.metadata._continue
+    rest = v1.list_service_for_all_namespaces(
+        limit=2, resource_version="0", _continue=page.metadata._continue
+    )
+    assert len(rest.items) == 2 and rest.metadata._continue
+
+
+def test_list_at_resource_version_0_is_paged_without_a_watch_cache() -> None:
+    with FakeApiServer(watch_cache=False) as srv, srv.api_client() as api:
+        v1 = client.CoreV1Api(api)
+        for i in range(3):
+            srv.create("Service", svc(f"s{i}", ns="a"))
+        page = v1.list_service_for_all_namespaces(limit=2, resource_version="0")
+        assert len(page.items) == 2 and page.metadata.remaining_item_count == 1
+        rest = v1.list_service_for_all_namespaces(limit=2, _continue=page.metadata._continue)
+        assert [s.metadata.name for s in page.items + rest.items] == ["s0", "s1", "s2"]
+
+
 def test_list_endpointslices_with_paging_and_selectors(
     srv: FakeApiServer, api: client.ApiClient
 ) -> None:

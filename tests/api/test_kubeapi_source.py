@@ -178,6 +178,8 @@ def watches(srv: FakeApiServer, resource: str) -> list[RequestRecord]:
 # ------------------------------------------------------------------------------------ tests
 
 
+# A server without a watch cache: a list at resourceVersion 0 comes in pages.
+@pytest.mark.parametrize("srv", [{"watch_cache": False}], indirect=True)
 def test_no_checkout_before_the_initial_lists_are_complete(
     srv: FakeApiServer, make_source: Callable[..., KubeApiSource]
 ) -> None:
@@ -325,6 +327,8 @@ def test_periodic_relist_changes_nothing_that_did_not_change(
     ]  # unchanged objects (same resourceVersion) are not fed again
 
 
+# A server without a watch cache: a list at resourceVersion 0 comes in pages.
+@pytest.mark.parametrize("srv", [{"watch_cache": False}], indirect=True)
 def test_expired_continue_token_restarts_the_list_in_one_piece(
     srv: FakeApiServer, make_source: Callable[..., KubeApiSource]
 ) -> None:

@@ -772,6 +772,7 @@ class FakeApiServer:
         user: str = "system:kube-proxy",
         defaulting: bool = True,
         request_log_size: int = 10000,
+        watch_cache: bool = True,
     ) -> None:
         if host not in ("127.0.0.1", "::1", "localhost"):
             raise ValueError("the fake apiserver only listens on loopback")
@@ -786,6 +787,10 @@ class FakeApiServer:
         self.token = token
         self.user = user
         self.defaulting = defaulting
+        #: Lists at resourceVersion "0" come from the watch cache, which ignores ``limit``
+        #: (upstream's cacher: computeListLimit); False serves them paged, as etcd does
+        #: (``--watch-cache=false``, or a resource without one).
+        self.watch_cache = watch_cache
 
         self._cond = threading.Condition(threading.RLock())
         self._rev = 1
@@ -1537,6 +1542,8 @@ class FakeApiServer:
         except ValueError:
             raise bad_request(f"invalid limit: {params.get('limit')!r}") from None
         limit = max(limit, 0)
+        if self.watch_cache and rv_param == "0" and not cont:
+            limit = 0  # served from the watch cache: the whole list, however it was asked
 
         start_key = ""
         with self._cond:
