@@ -226,9 +226,7 @@ def programmed(
     )
 
 
-def _endpoint(
-    rules: list[tuple[str, tuple[int, int] | None]], share: float | None
-) -> EndpointView:
+def _endpoint(rules: list[tuple[str, tuple[int, int] | None]], share: float | None) -> EndpointView:
     for rule, counts in rules:
         if m := _DESTINATION.search(rule):
             return EndpointView(

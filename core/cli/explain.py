@@ -67,9 +67,7 @@ def select(state: ProxyState, known: set[str], text: str) -> list[ServicePortNam
     ns, slash, name = ref.partition("/")
     if not (slash and ns and name):
         raise UnknownService(f"{text!r} is not NS/NAME[:PORT]")
-    ports = sorted(
-        {spn for spn in served_ports(state) if (spn.namespace, spn.name) == (ns, name)}
-    )
+    ports = sorted({spn for spn in served_ports(state) if (spn.namespace, spn.name) == (ns, name)})
     if not ports:
         if f"{ns}/{name}" in known:
             raise UnknownService(
@@ -265,7 +263,9 @@ def _service_text(mode: str, r: dict[str, Any]) -> str:
         lines.append("  not in the cluster state for this family: kubeplex would program nothing")
     if prog is None:
         lines.append("  the kernel holds nothing of it")
-    packets = f", {prog['packets']} packets counted there" if prog and prog["packets"] is not None else ""
+    packets = (
+        f", {prog['packets']} packets counted there" if prog and prog["packets"] is not None else ""
+    )
     lines.append(f"  1. entry{packets}")
     for f in r["frontends"]:
         wanted = _VERDICT_WORDS.get(f["verdict"], f["verdict"])

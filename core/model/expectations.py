@@ -120,7 +120,9 @@ def expect(
     primary = cluster if main == CLUSTER else local
     endpoints = []
     for ep in cat.reachable:
-        sets = tuple(s for s, members in ((CLUSTER, cluster), (LOCAL, local)) if ep.address in members)
+        sets = tuple(
+            s for s, members in ((CLUSTER, cluster), (LOCAL, local)) if ep.address in members
+        )
         if not sets:
             continue
         share = 1 / len(primary) if ep.address in primary else None
@@ -177,7 +179,9 @@ def _frontends(
         also = ext_also | (firewall if external == FORWARD else frozenset())
         out.append(Frontend(LOAD_BALANCER, ip, svc.port, svc.protocol, external, ext_set, also))
     if svc.node_port:
-        out.append(Frontend(NODE_PORT, "", svc.node_port, svc.protocol, external, ext_set, ext_also))
+        out.append(
+            Frontend(NODE_PORT, "", svc.node_port, svc.protocol, external, ext_set, ext_also)
+        )
     return tuple(out)
 
 

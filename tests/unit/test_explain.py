@@ -167,7 +167,10 @@ def test_dual_stack_is_expected_per_family(mode: str) -> None:
         web(secondary_cluster_ip="fd00:96::59"),
         slice_of("web", *THREE),
         endpoint_slice(
-            "web", [endpoint("fd00:10:244:2::2", OTHER)], port=8080, name="web-v6",
+            "web",
+            [endpoint("fd00:10:244:2::2", OTHER)],
+            port=8080,
+            name="web-v6",
             address_type="IPv6",
         ),
         dual=True,
