@@ -51,6 +51,8 @@ class VmResult:
 
 def vm_unavailable() -> str | None:
     """None when the VM can run here; else the reason, in one line (for a test's skip)."""
+    if os.environ.get("KUBEPLEX_IN_VM") == "1":
+        return "already inside the test VM"
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         return "the test VM needs an x86_64 Linux host"
     if os.geteuid() != 0:
@@ -234,7 +236,11 @@ def _supervise(
     ended_at: float | None = None
     launch = time.monotonic()
     deadline = launch + timeout
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
+    qemu_log = ctl / "qemu.log"  # qemu's own complaints, passed on once it is done
+    with qemu_log.open("wb") as qemu_err:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=qemu_err
+        )
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     os.set_blocking(fd, False)
@@ -273,6 +279,10 @@ def _supervise(
         proc.stdout.close()
     if ended_at is None and (ctl / "status").exists():
         ended_at = time.monotonic()
+    complaints = qemu_log.read_bytes()
+    if complaints:
+        err.write(complaints)
+        err.flush()
     total = time.monotonic() - launch
     boot = started_at - launch if started_at is not None else None
     ran = (ended_at or time.monotonic()) - started_at if started_at is not None else None
