@@ -28,6 +28,27 @@ if [ "${KUBEPLEX_IMAGE_TOOLS:-0}" = 1 ]; then
   fi
 fi
 
+# The IPVS test VM's tools (kubeplex.testing.vm), when asked for: without them the guest
+# suite (tests/vm, run by tests/kernel/test_vm_suite.py) skips saying why. The guest kernel is
+# fetched by the VM runner itself (apt-get download, into its cache), so apt's lists must know it.
+if [ "${KUBEPLEX_VM_TOOLS:-0}" = 1 ]; then
+  vm_tools=(qemu-system-x86 busybox-static kmod)
+  vm_missing=()
+  for p in "${vm_tools[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || vm_missing+=("$p")
+  done
+  kernel_known="$(apt-cache show --no-all-versions linux-image-amd64 linux-image-generic \
+    2>/dev/null | sed -n '/^Depends:/p')"
+  if [ ${#vm_missing[@]} -gt 0 ] || [ -z "$kernel_known" ]; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    { $SUDO apt-get update -qq \
+      && { [ ${#vm_missing[@]} -eq 0 ] \
+        || DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+          "${vm_missing[@]}" >/dev/null; }; } \
+      || echo "setup: could not install ${vm_missing[*]:-the package lists}: the IPVS VM tests skip" >&2
+  fi
+fi
+
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
