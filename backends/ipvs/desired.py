@@ -57,6 +57,21 @@ class Contribution:
     no_local_external: bool = False
 
 
+#: Real servers by (ip, port): a full render makes one per endpoint, and most are the same
+#: objects as the previous render's. Emptied when it grows past the limit.
+_REALS: dict[tuple[str, int], RealServer] = {}
+_REALS_LIMIT = 1 << 18
+
+
+def _real_server(ip: str, port: int) -> RealServer:
+    found = _REALS.get((ip, port))
+    if found is None:
+        if len(_REALS) >= _REALS_LIMIT:
+            _REALS.clear()
+        found = _REALS[(ip, port)] = RealServer(RealKey(ip, port))
+    return found
+
+
 def _halves(cidr: str) -> list[str]:
     """A source range as hash:ip,port,net entries: a /0 is refused by the kernel ("zero
     prefix size can NOT be stored"), so it is written as its two /1 halves (same match)."""
@@ -81,6 +96,8 @@ def contribution(
     no_local = {"internal": False, "external": False}
     persistence = svc.sticky_max_age_seconds if svc.session_affinity_client_ip else 0
 
+    chosen: dict[bool, Reals] = {}
+
     def reals(only_local: bool) -> Reals:
         # syncEndpoint: a Local policy takes the local endpoints, and the cluster ones when
         # there are none (pod traffic still works; PR 97081).
@@ -91,9 +108,11 @@ def contribution(
             elif cat.has_any:
                 no_local["internal"] |= svc.internal_policy_local
                 no_local["external"] |= svc.external_policy_local
-        return MappingProxyType(
-            {RealKey(ep.ip, ep.port): RealServer(RealKey(ep.ip, ep.port)) for ep in eps}
-        )
+        found = chosen.get(only_local)
+        if found is None:  # every virtual service of one policy shares one mapping
+            servers = (_real_server(ep.ip, ep.port) for ep in eps)
+            found = chosen[only_local] = MappingProxyType({r.key: r for r in servers})
+        return found
 
     def serve(ip: str, vport: int, only_local: bool, bind: bool) -> None:
         key = VirtualKey(svc.protocol, ip, vport)

@@ -8,6 +8,8 @@ characters, as upstream's NewIPSet does.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from functools import cache
 from types import MappingProxyType
 
 from kubeplex.backends.ipvs.plan import IpsetSpec
@@ -114,9 +116,10 @@ def specs(family: IPFamily) -> dict[str, IpsetSpec]:
     return out
 
 
-def names(family: IPFamily) -> dict[str, str]:
+@cache
+def names(family: IPFamily) -> Mapping[str, str]:
     """Base name -> the name in ``family``."""
-    return {base: set_name(base, family) for base in SETS}
+    return MappingProxyType({base: set_name(base, family) for base in SETS})
 
 
 def is_ours(name: str) -> bool:
