@@ -735,3 +735,21 @@ def test_a_failing_service_keeps_its_previous_part(monkeypatch: pytest.MonkeyPat
 
 def test_real_keys_print_like_ipvsadm() -> None:
     assert str(RealKey("fd00::1", 80)) == "[fd00::1]:80"
+
+
+def test_settings_per_family() -> None:
+    """isValidForSet: IPv6 link-local and loopback addresses serve no NodePort; excludeCIDRs
+    and the node IP are the family's own."""
+    h = Harness(
+        [node_obj((NODE_IP, "2001:db8::1"))],
+        {"ipvs": {"excludeCIDRs": ["10.9.0.0/16", "fd00:9::/64"], "scheduler": "wrr"}},
+        families=(V4, V6),
+        addresses=(NODE_IP, "2001:db8::1", "fe80::1", "::1", "127.0.0.1"),
+    )
+    s6 = h.settings(V6)
+    assert s6.node_port_ips == ("2001:db8::1",)
+    assert s6.exclude_cidrs == ("fd00:9::/64",)
+    assert s6.node_ip == "2001:db8::1" and s6.scheduler == "wrr"
+    s4 = h.settings(V4)
+    assert s4.node_port_ips == (NODE_IP,) and s4.exclude_cidrs == ("10.9.0.0/16",)
+    assert s4.local_addresses == frozenset({NODE_IP})
