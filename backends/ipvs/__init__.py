@@ -1,1 +1,522 @@
-"""The IPVS dataplane: upstream kube-proxy's IPVS mode (being built; see ``plan``)."""
+"""The IPVS dataplane: upstream kube-proxy's IPVS mode (deprecated upstream since 1.35).
+
+Virtual services and masquerading real servers in the kernel's IPVS, every Service address
+bound to the ``kube-ipvs0`` dummy link (kept down), upstream's ipsets, and a few fixed
+iptables chains that match those sets (masquerade, hairpin, NodePorts, source ranges). The
+render (desired.py, rules.py) turns the graph into the desired state; reconcile.py diffs it
+against what the kernel holds and the plan carries only the difference, so a one-endpoint
+change is a constant handful of netlink requests whatever the cluster's size.
+
+The kernel is an ``IpvsSeam`` (plan.py; ``IpvsKernel`` on a node, pyroute2 netlink for IPVS,
+links, addresses and ipsets; iptables-restore for the rules). ``observe`` dumps the kernel on
+a full sync (with the iptables rules, for the jumps from the built-in chains, and the node's
+addresses); on a partial sync it reads only the connection counts of the real servers waiting
+for their connections to close (termination.py). ``apply`` sends the plan: creations, the
+rules, removals. A refused operation fails the sync; the next one is full and reconciles from
+a fresh dump.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import logging
+import platform
+import time
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from kubeplex.backends.ipvs import ipsets, plan, rules
+from kubeplex.backends.ipvs.desired import DesiredRenderer, DesiredUpdate
+from kubeplex.backends.ipvs.plan import (
+    DUMMY_LINK,
+    Connections,
+    FamilyPlan,
+    FamilyState,
+    IpvsRendered,
+    IpvsSeam,
+    Op,
+    VirtualKey,
+)
+from kubeplex.backends.ipvs.reconcile import Held, Ownership, empty, reconcile
+from kubeplex.backends.ipvs.settings import IpvsSettings, ipvs_settings
+from kubeplex.backends.ipvs.termination import Real, Terminating
+from kubeplex.backends.netfilter.iptables import SavedRuleset, tool
+from kubeplex.core.dataplane.backend import (
+    BackendContext,
+    CleanupReport,
+    EndpointView,
+    FamilyBackend,
+    MetricEvent,
+    MetricFamily,
+    NoLocalEndpoints,
+    ProgrammedService,
+    Rendered,
+    SyncResult,
+)
+from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.graph import ChangeSet, ProxyState, ServiceGraph
+from kubeplex.core.model.types import IPFamily, ServicePortName
+
+log = logging.getLogger(__name__)
+
+#: What upstream logs (as an error) when it starts in ipvs mode (cmd/kube-proxy, 1.35).
+DEPRECATION = (
+    "The ipvs proxier is now deprecated and may be removed in a future release. "
+    "Please use 'nftables' instead."
+)
+#: Upstream's metrics for the ipvs mode (RegisterMetrics registers this one only for it,
+#: beside the ones of every mode).
+METRIC_FAMILIES = (
+    MetricFamily(
+        "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+        "Cumulative proxy iptables restore failures",
+        "counter",
+        on=MetricEvent.SYNC_FAILED,
+    ),
+)
+#: The sysctls upstream's NewProxier sets, as (key, value).
+SYSCTLS = (
+    ("net.ipv4.vs.conntrack", "1"),
+    ("net.ipv4.vs.expire_nodest_conn", "1"),
+    ("net.ipv4.vs.expire_quiescent_template", "1"),
+    ("net.ipv4.ip_forward", "1"),
+)
+STRICT_ARP = (("net.ipv4.conf.all.arp_ignore", "1"), ("net.ipv4.conf.all.arp_announce", "2"))
+CONN_REUSE_MODE = "net.ipv4.vs.conn_reuse_mode"
+#: Kernels from 5.9 on fixed the connection-reuse stall; before that upstream sets the mode 0.
+CONN_REUSE_FIXED = (5, 9)
+#: The NodePort range (a stale NodePort virtual service on a node address is ours).
+NODE_PORTS = range(30000, 32768)
+
+
+@dataclass(frozen=True)
+class IpvsObserved:
+    """What a sync's render needs of the kernel (``IpvsBackend.observe``)."""
+
+    #: Families rendered in full: the kernel's whole state (with every connection count).
+    dumps: Mapping[IPFamily, FamilyState] = field(default_factory=dict)
+    #: ... and their iptables rules (the jumps from the built-in chains).
+    saved: Mapping[IPFamily, SavedRuleset] = field(default_factory=dict)
+    #: The node's addresses (full syncs; None: not read).
+    addresses: tuple[str, ...] | None = None
+    #: Partial syncs: the connection counts of the terminating real servers.
+    connections: Mapping[IPFamily, Mapping[Real, Connections]] = field(default_factory=dict)
+    #: When it was observed (monotonic seconds): graceful termination's clock.
+    now: float = 0.0
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What the backend keeps of one family's plan once it is applied."""
+
+    family: IPFamily
+    terminating: Terminating
+    #: Full plans: the kernel's state afterwards; partial: None (``Held.apply`` of the ops).
+    held: Held | None
+    #: The rules text as rendered (before the jumps were added).
+    rules_text: str
+    update: DesiredUpdate
+
+
+@dataclass(frozen=True)
+class IpvsBackendRendered(IpvsRendered):
+    """``IpvsRendered`` with what apply commits per family."""
+
+    commits: tuple[Commit, ...] = field(default=(), compare=False, repr=False)
+
+
+def _kernel_release() -> tuple[int, ...]:
+    parts = []
+    for p in platform.release().split("-")[0].split("."):
+        if not p.isdigit():
+            break
+        parts.append(int(p))
+    return tuple(parts)
+
+
+class IpvsBackend(FamilyBackend[DesiredRenderer, IpvsBackendRendered]):
+    """The kernel seam (``BackendContext.kernel``) is an ``IpvsSeam``."""
+
+    mode = "ipvs"
+    capabilities = frozenset(
+        {
+            "ipv6",
+            "load-balancer-source-ranges",
+            "reject-unused-clusterip-ports",
+            "sctp",
+            "session-affinity",
+        }
+    )
+    required_tools = ("iptables", "iptables-restore", "iptables-save")
+    #: The mode's data types, for fakes that may not import the backend (the test kit).
+    plan: ClassVar[Any] = plan
+    kernel: IpvsSeam
+
+    def __init__(self, ctx: BackendContext) -> None:
+        super().__init__(ctx)
+        #: Per family, what the last applied plan left in the kernel.
+        self._held: dict[IPFamily, Held] = {}
+        self._terminating: dict[IPFamily, Terminating] = {}
+        self._rules: dict[IPFamily, str] = {}
+        #: The node's addresses of the last observation (None: the Node's own).
+        self._addresses: tuple[str, ...] | None = None
+        self._prepared = False
+
+    def real_kernel(self) -> IpvsSeam:
+        from kubeplex.backends.ipvs.kernel import IpvsKernel
+
+        return IpvsKernel(self.ctx.netns)
+
+    def sync_periods(self) -> tuple[float, float]:
+        cfg = self.ctx.config.ipvs
+        return cfg.sync_period, cfg.min_sync_period
+
+    def metric_families(self) -> Sequence[MetricFamily]:
+        return METRIC_FAMILIES
+
+    @property
+    def scheduler(self) -> str:
+        return self.ctx.config.ipvs.scheduler or "rr"
+
+    def missing_requirements(self) -> list[str]:
+        return [*super().missing_requirements(), *self.kernel.missing(self.scheduler)]
+
+    def prepare(self) -> None:
+        """Upstream's start: the deprecation, the sysctls, IPVS's timeouts."""
+        if self._prepared:
+            return
+        log.error(DEPRECATION)
+        cfg = self.ctx.config.ipvs
+        for key, value in SYSCTLS:
+            self.kernel.sysctl(key, value)
+        if _kernel_release() < CONN_REUSE_FIXED:
+            self.kernel.sysctl(CONN_REUSE_MODE, "0")
+        if cfg.strict_arp:
+            for key, value in STRICT_ARP:
+                self.kernel.sysctl(key, value)
+        timeouts = (cfg.tcp_timeout, cfg.tcp_fin_timeout, cfg.udp_timeout)
+        if any(t > 0 for t in timeouts):
+            self.kernel.set_timeouts(*(int(t) for t in timeouts))
+        self._prepared = True
+
+    # --- observe ----------------------------------------------------------------------------
+
+    def _renders_full(self, family: IPFamily, state: ProxyState) -> bool:
+        if family not in self.renderers or family not in self._held:
+            return True
+        r = self.renderers[family]
+        if r.settings != self.family_settings(family, state, None):
+            return True
+        return r.next_is_full(state.changes[family])
+
+    def observe(self, state: ProxyState) -> IpvsObserved:
+        """Full syncs: the kernel's state of the family, its iptables rules, the node's
+        addresses. Partial ones: the terminating real servers' connection counts only."""
+        fams = [f for f in self.ctx.families if f in state.graphs]
+        full = [f for f in fams if self._renders_full(f, state)]
+        now = time.monotonic()
+        if not full:
+            conns = {
+                f: self.kernel.connections(f, self._terminating[f].keys())
+                for f in fams
+                if len(self._terminating.get(f, Terminating()))
+            }
+            return IpvsObserved(connections=conns, now=now)
+        return IpvsObserved(
+            dumps={f: self.kernel.dump(f, connections=True) for f in full},
+            saved={f: SavedRuleset.parse(self.kernel.save(f)) for f in full},
+            addresses=self.kernel.interface_addresses(),
+            connections={
+                f: self.kernel.connections(f, self._terminating[f].keys())
+                for f in fams
+                if f not in full and len(self._terminating.get(f, Terminating()))
+            },
+            now=now,
+        )
+
+    # --- render -----------------------------------------------------------------------------
+
+    def make_renderer(self, settings: Any) -> DesiredRenderer:
+        return DesiredRenderer(settings)
+
+    def family_settings(self, family: IPFamily, state: ProxyState, observed: Any) -> IpvsSettings:
+        if isinstance(observed, IpvsObserved) and observed.addresses is not None:
+            self._addresses = observed.addresses
+        return ipvs_settings(self.ctx.config, state.node, family, self._addresses)
+
+    def render_family(
+        self, renderer: DesiredRenderer, graph: ServiceGraph, changes: ChangeSet, observed: Any
+    ) -> tuple[FamilyPlan, Commit]:
+        seen = observed if isinstance(observed, IpvsObserved) else None
+        settings = renderer.settings
+        fam = settings.family
+        if seen is not None and fam in seen.dumps:
+            renderer.force_full = True  # observed in full: reconcile everything
+        update = renderer.render(graph, changes)
+        ownership = Ownership(
+            exclude=tuple(ipaddress.ip_network(c) for c in settings.exclude_cidrs),
+            node_addresses=frozenset(settings.node_port_ips) | settings.local_addresses,
+        )
+        terminating = self._terminating.get(fam, Terminating())
+        saved = SavedRuleset()
+        held: Any
+        conns: Mapping[Real, Connections]
+        if update.full:
+            dump = seen.dumps.get(fam) if seen is not None else None
+            if dump is None:  # a render without the kernel: as onto an empty node
+                held, conns, terminating = empty(fam), {}, Terminating()
+            else:
+                held, conns = dump, dump.connections
+                saved = seen.saved.get(fam, saved) if seen is not None else saved
+        else:
+            held = self._held.get(fam) or empty(fam)
+            conns = seen.connections.get(fam, {}) if seen is not None else {}
+        done = reconcile(
+            update,
+            held,
+            ownership=ownership,
+            terminating=terminating,
+            connections=conns,
+            now=seen.now if seen is not None else 0.0,
+            last_iptables=self._rules.get(fam),
+        )
+        fplan = done.plan
+        if update.full and fplan.iptables is not None:
+            jumps = rules.jump_prelude(saved)
+            fplan = dataclasses.replace(fplan, iptables=rules.with_jumps(fplan.iptables, jumps))
+        return fplan, Commit(fam, done.terminating, done.held, update.iptables, update)
+
+    def combine(self, plans: list[Any]) -> IpvsBackendRendered:
+        return IpvsBackendRendered(
+            plans=tuple(p for p, _ in plans), commits=tuple(c for _, c in plans)
+        )
+
+    # --- apply ------------------------------------------------------------------------------
+
+    def apply(self, rendered: Rendered) -> SyncResult:
+        """Each family on its own: creations, the rules, removals. A refusal fails the
+        family's sync (what was sent before it stays) and makes its next render full."""
+        assert isinstance(rendered, IpvsBackendRendered)
+        counts: dict[str, int] = {"requests": 0, "operations": 0, "restores": 0}
+        failed: dict[IPFamily, str] = {}
+        errors: dict[str, str] = {}
+        no_local: dict[IPFamily, NoLocalEndpoints] = {}
+        for fplan, commit in zip(rendered.plans, rendered.commits, strict=True):
+            fam = fplan.family
+            try:
+                counts["requests"] += self._send(fam, fplan.before)
+                if fplan.iptables is not None:
+                    self.kernel.restore(fam, fplan.iptables)
+                    counts["restores"] += 1
+                counts["requests"] += self._send(fam, fplan.after)
+            except BackendError as err:
+                self._forget(fam)
+                failed[fam] = f"{fam.value}: {err}"
+                continue
+            self._commit(fplan, commit)
+            counts["operations"] += len(fplan.before) + len(fplan.after)
+            errors.update(commit.update.errors)
+            no_local[fam] = commit.update.no_local_endpoints
+        if failed:
+            raise BackendError("; ".join(failed.values()), families=tuple(failed))
+        counts["services_failed"] = len(errors)
+        return SyncResult(
+            full=rendered.full, counts=counts, failed=errors, no_local_endpoints=no_local
+        )
+
+    def _send(self, family: IPFamily, ops: Sequence[Op]) -> int:
+        return self.kernel.send(family, ops) if ops else 0
+
+    def _commit(self, fplan: FamilyPlan, commit: Commit) -> None:
+        fam = fplan.family
+        if commit.held is not None:
+            self._held[fam] = commit.held
+        else:
+            self._held.setdefault(fam, Held(fam)).apply(fplan.ops())
+        self._terminating[fam] = commit.terminating
+        self._rules[fam] = commit.rules_text
+
+    def _forget(self, family: IPFamily) -> None:
+        """After a refusal: nothing of what we kept is to be trusted; the next sync is full."""
+        self._held.pop(family, None)
+        self._rules.pop(family, None)
+        if family in self.renderers:
+            self.renderers[family].invalidate()
+
+    def invalidate(self) -> None:
+        super().invalidate()
+        self._held.clear()
+        self._rules.clear()
+
+    # --- beside the sync path ---------------------------------------------------------------
+
+    def _found(self, keep: Collection[str] = ()) -> list[tuple[IPFamily, _Artifacts]]:
+        out = []
+        node = frozenset(self.kernel.interface_addresses())
+        for fam in self.ctx.families:
+            state = self.kernel.dump(fam)
+            saved = SavedRuleset.parse(self.kernel.save(fam))
+            out.append((fam, _artifacts(fam, state, saved, node, keep)))
+        return out
+
+    def cleanup(self, keep: Collection[str] = ()) -> CleanupReport:
+        """Remove the virtual services on kube-ipvs0's addresses (and stale NodePorts on the
+        node's), kube-ipvs0, the mode's iptables chains and jumps and its ipsets, but what
+        ``keep`` names; foreign virtual services and sets stay."""
+        removed: list[str] = []
+        link_kept = f"link {DUMMY_LINK}" in keep
+        for fam, a in self._found(keep):
+            if a.services:
+                self.kernel.send(fam, [Op("del-service", fam, key=k) for k in a.services])
+            if a.restore:
+                self.kernel.restore(fam, a.restore)
+            if link_kept and a.addresses:
+                self.kernel.send(fam, [Op("del-address", fam, address=x) for x in a.addresses])
+            if a.sets:
+                self.kernel.send(fam, [Op("destroy-set", fam, ipset=s) for s in a.sets])
+            removed += a.lines
+        if not link_kept and self.kernel.delete_link():
+            removed.append(f"link {DUMMY_LINK}")
+            log.info("removed the %s link", DUMMY_LINK)
+        self.renderers.clear()
+        self._held.clear()
+        self._terminating.clear()
+        self._rules.clear()
+        return CleanupReport(self.mode, tuple(removed))
+
+    def leftovers(self) -> list[str]:
+        lines = [line for _, a in self._found() for line in a.lines]
+        fams = [self.kernel.dump(f) for f in self.ctx.families]
+        if any(s.link for s in fams):
+            lines.append(f"link {DUMMY_LINK}")
+        return lines
+
+    def inspect(self, service_port: ServicePortName) -> list[ProgrammedService] | None:
+        out = []
+        for fam in self.ctx.families:
+            if fam not in self.renderers:
+                continue
+            contrib = _contribution(self.renderers[fam], service_port)
+            if contrib is None:
+                continue
+            state = self.kernel.dump(fam)
+            found = _programmed(service_port, fam, contrib, state)
+            if found is not None:
+                out.append(found)
+        return out
+
+    def describe(self) -> Sequence[str]:
+        return [
+            *super().describe(),
+            f"IPVS over netlink (pyroute2), addresses on {DUMMY_LINK}, upstream's ipsets;"
+            " deprecated upstream since Kubernetes 1.35 (nftables is the successor)",
+        ]
+
+
+# --- what the mode has on a node ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Artifacts:
+    services: tuple[VirtualKey, ...]
+    addresses: tuple[str, ...]
+    sets: tuple[plan.IpsetSpec, ...]
+    #: The iptables-restore input removing the mode's chains and jumps ("" if none).
+    restore: str
+    lines: tuple[str, ...]
+
+
+def _artifacts(
+    fam: IPFamily,
+    state: FamilyState,
+    saved: SavedRuleset,
+    node: frozenset[str],
+    keep: Collection[str],
+) -> _Artifacts:
+    lines: list[str] = []
+    services = []
+    for key in sorted(state.virtual):
+        ours = key.address in state.addresses or (key.address in node and key.port in NODE_PORTS)
+        line = f"ipvs virtual service {key}"
+        if ours and line not in keep:
+            services.append(key)
+            lines.append(line)
+    addresses = tuple(sorted(state.addresses))
+    lines += [f"address {a} on {DUMMY_LINK}" for a in addresses]
+    cmd = tool(fam)
+    text: list[str] = []
+    for table, chains in (("nat", rules.NAT_CHAINS), ("filter", rules.FILTER_CHAINS)):
+        have = saved.chains.get(table, set())
+        mine = sorted(c for c in chains if c in have and f"{cmd} {table} chain {c}" not in keep)
+        jumps = [
+            r
+            for r in saved.rules.get(table, [])
+            if r.split()[1] not in mine
+            and r.split()[-1] in mine
+            and " -j " in r
+            and f"{cmd} {table} jump {r.split()[1]} -> {r.split()[-1]}" not in keep
+        ]
+        if not mine and not jumps:
+            continue
+        lines += [f"{cmd} {table} chain {c}" for c in mine]
+        lines += [f"{cmd} {table} jump {r.split()[1]} -> {r.split()[-1]}" for r in jumps]
+        text.append(f"*{table}")
+        text += [f":{c} - [0:0]" for c in mine]
+        text += [r.replace("-A ", "-D ", 1) for r in jumps]
+        text += [f"-X {c}" for c in mine]
+        text.append("COMMIT")
+    sets = tuple(
+        state.ipsets[n]
+        for n in sorted(state.ipsets)
+        if ipsets.is_ours(n) and f"ipset {n}" not in keep
+    )
+    lines += [f"ipset {s.name}" for s in sets]
+    return _Artifacts(
+        tuple(services), addresses, sets, "\n".join(text) + "\n" if text else "", tuple(lines)
+    )
+
+
+def _contribution(renderer: DesiredRenderer, spn: ServicePortName) -> Any:
+    getter = getattr(renderer, "contribution_of", None)
+    if callable(getter):
+        return getter(spn)
+    return getattr(renderer, "_contrib", {}).get(spn)
+
+
+def _programmed(
+    spn: ServicePortName, fam: IPFamily, contrib: Any, state: FamilyState
+) -> ProgrammedService | None:
+    entries: list[str] = []
+    endpoints: dict[str, EndpointView] = {}
+    persistence: int | None = None
+    for vs in contrib.virtual:
+        have = state.virtual.get(vs.key)
+        if have is None:
+            continue
+        entries.append(str(have))
+        if have.persistence:
+            persistence = have.persistence
+        reals = state.real.get(vs.key, {})
+        total = sum(r.weight for r in reals.values())
+        for rk in sorted(reals):
+            w = reals[rk].weight
+            endpoints.setdefault(
+                str(rk), EndpointView(str(rk), share=w / total if total else 0.0, weight=w)
+            )
+    if not entries:
+        return None
+    objects = sorted(
+        {f"ipset {name}" for name, _ in contrib.entries}
+        | {f"address {a} on {DUMMY_LINK}" for a in contrib.addresses}
+    )
+    return ProgrammedService(
+        service=str(spn),
+        family=fam,
+        entries=tuple(entries),
+        endpoints=tuple(endpoints.values()),
+        masquerade=True,
+        affinity_seconds=persistence,
+        objects=tuple(objects),
+    )

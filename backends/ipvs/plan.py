@@ -327,3 +327,11 @@ class IpvsSeam(Protocol):
         """What this kernel lacks for the mode with ``scheduler`` (ip_vs and the scheduler's
         module, dummy links, ipset), one line each; empty: ready."""
         ...
+
+    def set_timeouts(self, tcp: int, tcp_fin: int, udp: int) -> None:
+        """IPVS's connection timeouts in seconds (``ipvsadm --set``); 0 leaves one as it is."""
+        ...
+
+    def delete_link(self) -> bool:
+        """Delete the dummy link (with its addresses); whether it existed."""
+        ...

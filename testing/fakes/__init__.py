@@ -1,7 +1,8 @@
-"""In-memory kernels for tests and plugin authors: ``FakeIptables`` and ``FakeNftables``.
+"""In-memory kernels for tests and plugin authors: ``FakeIptables``, ``FakeNftables``, ``FakeIpvs``.
 
 They implement the text-level kernel seams of the netfilter backends (the iptables mode's
-``IptablesSeam``, the nftables mode's ``NftSeam``) as independent models of what
+``IptablesSeam``, the nftables mode's ``NftSeam``; ``FakeIpvs`` the ipvs mode's ``IpvsSeam``,
+operations as data) as independent models of what
 iptables-restore/-save and nft do, so a backend runs without root and without a kernel::
 
     from kubeplex.core.dataplane.backend import BackendContext
@@ -21,15 +22,18 @@ model (packets, above all).
 from __future__ import annotations
 
 from kubeplex.testing.fakes.iptables import FakeIptables
+from kubeplex.testing.fakes.ipvs import FakeIpvs
 from kubeplex.testing.fakes.nftables import FakeNftables
 
-__all__ = ["FakeIptables", "FakeNftables", "for_mode"]
+__all__ = ["FakeIptables", "FakeIpvs", "FakeNftables", "for_mode"]
 
 
-def for_mode(mode: str) -> FakeIptables | FakeNftables | None:
-    """A fresh fake kernel for ``mode`` ("iptables", "nftables"); None for other modes."""
+def for_mode(mode: str) -> FakeIptables | FakeNftables | FakeIpvs | None:
+    """A fresh fake kernel for ``mode`` ("iptables", "nftables", "ipvs"); None for others."""
     if mode == "iptables":
         return FakeIptables()
     if mode == "nftables":
         return FakeNftables()
+    if mode == "ipvs":
+        return FakeIpvs()
     return None

@@ -1,0 +1,745 @@
+"""The node's IPVS, dummy link, ipsets and iptables: the real ``IpvsSeam``.
+
+Everything on the data path is netlink, encoded with pyroute2's message classes: IPVS (generic
+netlink), the ``kube-ipvs0`` link and its addresses (rtnetlink), ipsets (nfnetlink); no
+``ipvsadm`` or ``ipset`` process. The iptables rules go through the netfilter library's
+``Iptables`` (iptables-restore). One socket per protocol, opened at first use (a render never
+opens one) inside ``netns``, and kept.
+
+Writes are pipelined: the operations bound for one socket are sent in windows of
+``WINDOW`` requests without waiting for each answer, then the acknowledgements are read (the
+kernel handles a socket's requests in order). A refusal names the first refused operation;
+the operations before it are applied, and so may be some after it in the same window (the
+backend's next sync is full and reads the kernel back). Dumps go one at a time (the kernel
+runs one dump per socket).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import ipaddress
+import os
+import socket
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+from kubeplex.backends.ipvs import ipsets
+from kubeplex.backends.ipvs.plan import (
+    DUMMY_LINK,
+    Connections,
+    FamilyState,
+    IpsetSpec,
+    Op,
+    RealKey,
+    RealServer,
+    VirtualKey,
+    VirtualServer,
+)
+from kubeplex.backends.netfilter.iptables import Iptables
+from kubeplex.core.dataplane.requirements import kernel_module_available
+from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.types import IPFamily
+from kubeplex.core.model.types import Protocol as L4
+
+NETLINK_ROUTE, NETLINK_NETFILTER, NETLINK_GENERIC = 0, 12, 16
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE, NLM_F_DUMP = 1, 4, 0x200, 0x400, 0x300
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+SOL_NETLINK, NETLINK_CAP_ACK = 270, 10
+RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK = 16, 17, 18
+RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
+NFNL_SUBSYS_IPSET = 6
+#: Requests in flight on one socket before their acknowledgements are read.
+WINDOW = 256
+_HEADER = struct.Struct("=IHHII")
+
+_PROTO_NUM = {L4.TCP: socket.IPPROTO_TCP, L4.UDP: socket.IPPROTO_UDP, L4.SCTP: 132}
+_NUM_PROTO = {v: k for k, v in _PROTO_NUM.items()}
+_PROTO_NAME = {6: "tcp", 17: "udp", 132: "sctp"}
+_NAME_PROTO = {v: k for k, v in _PROTO_NAME.items()}
+#: IPVS service flags: persistent, hashed (the kernel's own), scheduler flags 1-3.
+F_PERSISTENT, F_HASHED = 0x1, 0x2
+_SCHED_FLAGS = {"flag-1": 0x8, "flag-2": 0x10, "flag-3": 0x20}
+#: IP_VS_CONN_F_MASQ.
+FWD_MASQ = 0
+
+
+def _af(family: IPFamily) -> int:
+    return socket.AF_INET6 if family is IPFamily.IPv6 else socket.AF_INET
+
+
+class NetlinkSocket:
+    """One raw netlink socket of ``proto`` (in ``netns``), with pipelined requests."""
+
+    def __init__(self, proto: int, netns: str | None) -> None:
+        if netns:
+            from pyroute2 import netns as pr_netns
+
+            self.sock = pr_netns.create_socket(
+                netns=netns, family=socket.AF_NETLINK, socket_type=socket.SOCK_RAW, proto=proto
+            )
+        else:
+            self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, proto)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        with contextlib.suppress(OSError):  # acknowledgements without the request echoed
+            self.sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
+        self.sock.bind((0, 0))
+        self.seq = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _encode(self, msg: Any, msg_type: int, flags: int) -> tuple[int, bytes]:
+        self.seq += 1
+        msg["header"]["type"] = msg_type
+        msg["header"]["flags"] = flags
+        msg["header"]["seq"] = self.seq
+        msg["header"]["pid"] = 0
+        msg.encode()
+        return self.seq, bytes(msg.data)
+
+    def _messages(self) -> Iterator[tuple[int, int, int, bytes]]:
+        """(type, flags, seq, whole message) of one read."""
+        data = self.sock.recv(1 << 20)
+        off = 0
+        while off + _HEADER.size <= len(data):
+            length, mtype, flags, seq, _ = _HEADER.unpack_from(data, off)
+            if length < _HEADER.size:
+                break
+            yield mtype, flags, seq, data[off : off + length]
+            off += (length + 3) & ~3
+
+    def requests(self, msgs: Sequence[tuple[Any, int, int]]) -> list[int]:
+        """Send (message, type, flags) requests, ``WINDOW`` at a time; each one's errno (0:
+        acknowledged), in order."""
+        out: list[int] = []
+        for start in range(0, len(msgs), WINDOW):
+            window = msgs[start : start + WINDOW]
+            encoded = [self._encode(m, t, f | NLM_F_REQUEST | NLM_F_ACK) for m, t, f in window]
+            first = encoded[0][0]
+            buf = bytearray()
+            for _, data in encoded:
+                if len(buf) + len(data) > 60_000:
+                    self.sock.send(bytes(buf))
+                    buf.clear()
+                buf += data
+            if buf:
+                self.sock.send(bytes(buf))
+            codes = [-1] * len(window)
+            pending = len(window)
+            while pending:
+                for mtype, _, seq, data in self._messages():
+                    i = seq - first
+                    if mtype == NLMSG_ERROR and 0 <= i < len(window) and codes[i] == -1:
+                        codes[i] = -struct.unpack_from("=i", data, _HEADER.size)[0]
+                        pending -= 1
+            out += codes
+        return out
+
+    def request(self, msg: Any, msg_type: int, flags: int = 0) -> int:
+        return self.requests([(msg, msg_type, flags)])[0]
+
+    def dump(self, msg: Any, msg_type: int, decode: type, flags: int = NLM_F_DUMP) -> list[Any]:
+        """One dump (or get) request; its answers decoded with ``decode``."""
+        seq, data = self._encode(msg, msg_type, flags | NLM_F_REQUEST)
+        self.sock.send(data)
+        out: list[Any] = []
+        while True:
+            for mtype, mflags, mseq, part in self._messages():
+                if mseq != seq:
+                    continue
+                if mtype == NLMSG_DONE:
+                    return out
+                if mtype == NLMSG_ERROR:
+                    code = -struct.unpack_from("=i", part, _HEADER.size)[0]
+                    if code:
+                        raise OSError(code, os.strerror(code))
+                    return out
+                m = decode(part)
+                m.decode()
+                out.append(m)
+                if not mflags & 0x2:  # NLM_F_MULTI: a get's single answer
+                    return out
+
+
+class IpvsKernel:
+    """The node's IPVS (in network namespace ``netns``; None: the host's)."""
+
+    writes: ClassVar[tuple[str, ...]] = ("send", "restore")
+
+    def __init__(self, netns: str | None = None) -> None:
+        self.netns = netns
+        self.iptables = Iptables(netns)
+        self._socks: dict[int, NetlinkSocket] = {}
+        self._ipvs_id: int | None = None
+        self._ipset_proto = 0
+        self._revisions: dict[tuple[str, int], int] = {}
+        self._link_index: int | None = None
+        #: Netlink requests sent so far (writes, dumps and lookups).
+        self.requests_sent = 0
+
+    def _sock(self, proto: int) -> NetlinkSocket:
+        s = self._socks.get(proto)
+        if s is None:
+            s = self._socks[proto] = NetlinkSocket(proto, self.netns)
+        return s
+
+    def close(self) -> None:
+        for s in self._socks.values():
+            s.close()
+        self._socks.clear()
+
+    # --- generic netlink: IPVS --------------------------------------------------------------
+
+    def _ipvs(self) -> tuple[NetlinkSocket, int]:
+        sock = self._sock(NETLINK_GENERIC)
+        if self._ipvs_id is None:
+            from pyroute2.netlink import CTRL_CMD_GETFAMILY, GENL_ID_CTRL, ctrlmsg
+
+            msg = ctrlmsg()
+            msg["cmd"] = CTRL_CMD_GETFAMILY
+            msg["version"] = 1
+            msg["attrs"] = [["CTRL_ATTR_FAMILY_NAME", "IPVS"]]
+            self.requests_sent += 1
+            try:
+                (reply,) = sock.dump(msg, GENL_ID_CTRL, ctrlmsg, flags=0)
+            except OSError as err:
+                raise BackendError(f"IPVS is not available in this kernel: {err}") from err
+            self._ipvs_id = int(reply.get_attr("CTRL_ATTR_FAMILY_ID"))
+        return sock, self._ipvs_id
+
+    @staticmethod
+    def _ipvs_msg(cmd: int, attrs: list[Any]) -> Any:
+        from pyroute2.netlink.generic.ipvs import ipvsmsg
+
+        msg = ipvsmsg()
+        msg["cmd"] = cmd
+        msg["version"] = 1
+        msg["attrs"] = attrs
+        return msg
+
+    @staticmethod
+    def _service_key(key: VirtualKey, family: IPFamily) -> list[Any]:
+        return [
+            ("IPVS_SVC_ATTR_AF", _af(family)),
+            ("IPVS_SVC_ATTR_PROTOCOL", _PROTO_NUM[key.protocol]),
+            ("IPVS_SVC_ATTR_ADDR", key.address),
+            ("IPVS_SVC_ATTR_PORT", key.port),
+        ]
+
+    def _service_attrs(self, vs: VirtualServer, family: IPFamily) -> Any:
+        flags = F_PERSISTENT if vs.persistence else 0
+        for f in vs.flags:
+            flags |= _SCHED_FLAGS[f]
+        # IPv4: the persistence netmask; IPv6: the prefix length, in the same 4 bytes.
+        netmask = "128.0.0.0" if family is IPFamily.IPv6 else "255.255.255.255"
+        return {
+            "attrs": [
+                *self._service_key(vs.key, family),
+                ("IPVS_SVC_ATTR_SCHED_NAME", vs.scheduler),
+                ("IPVS_SVC_ATTR_FLAGS", {"flags": flags, "mask": 0xFFFF}),
+                ("IPVS_SVC_ATTR_TIMEOUT", vs.persistence),
+                ("IPVS_SVC_ATTR_NETMASK", netmask),
+            ]
+        }
+
+    @staticmethod
+    def _dest_attrs(real: RealServer, family: IPFamily, full: bool = True) -> Any:
+        attrs: list[Any] = [
+            ("IPVS_DEST_ATTR_ADDR_FAMILY", _af(family)),
+            ("IPVS_DEST_ATTR_ADDR", real.key.address),
+            ("IPVS_DEST_ATTR_PORT", real.key.port),
+        ]
+        if full:
+            attrs += [
+                ("IPVS_DEST_ATTR_FWD_METHOD", FWD_MASQ),
+                ("IPVS_DEST_ATTR_WEIGHT", real.weight),
+                ("IPVS_DEST_ATTR_U_THRESH", 0),
+                ("IPVS_DEST_ATTR_L_THRESH", 0),
+            ]
+        return {"attrs": attrs}
+
+    def _ipvs_request(self, op: Op, family: IPFamily) -> Any:
+        from pyroute2.netlink.generic import ipvs as g
+
+        k = op.kind
+        if k in ("add-service", "edit-service"):
+            assert op.service is not None
+            cmd = g.IPVS_CMD_NEW_SERVICE if k == "add-service" else g.IPVS_CMD_SET_SERVICE
+            return self._ipvs_msg(
+                cmd, [("IPVS_CMD_ATTR_SERVICE", self._service_attrs(op.service, family))]
+            )
+        key = op.key if op.key is not None else op.service.key if op.service else None
+        assert key is not None
+        svc = ("IPVS_CMD_ATTR_SERVICE", {"attrs": self._service_key(key, family)})
+        if k == "del-service":
+            return self._ipvs_msg(g.IPVS_CMD_DEL_SERVICE, [svc])
+        assert op.real is not None
+        cmd = {
+            "add-real": g.IPVS_CMD_NEW_DEST,
+            "edit-real": g.IPVS_CMD_SET_DEST,
+            "del-real": g.IPVS_CMD_DEL_DEST,
+        }[k]
+        dest = self._dest_attrs(op.real, family, full=k != "del-real")
+        return self._ipvs_msg(cmd, [svc, ("IPVS_CMD_ATTR_DEST", dest)])
+
+    def _services(self, family: IPFamily) -> list[Any]:
+        from pyroute2.netlink.generic import ipvs as g
+
+        sock, fid = self._ipvs()
+        self.requests_sent += 1
+        out = []
+        for m in sock.dump(self._ipvs_msg(g.IPVS_CMD_GET_SERVICE, []), fid, g.ipvsmsg):
+            svc = m.get_attr("IPVS_CMD_ATTR_SERVICE")
+            if svc is None or svc.get_attr("IPVS_SVC_ATTR_AF") != _af(family):
+                continue
+            proto = _NUM_PROTO.get(svc.get_attr("IPVS_SVC_ATTR_PROTOCOL") or 0)
+            if proto is None or svc.get_attr("IPVS_SVC_ATTR_FWMARK"):
+                continue  # fwmark services are never ours
+            out.append((proto, svc))
+        return out
+
+    @staticmethod
+    def _virtual(proto: L4, svc: Any) -> VirtualServer:
+        raw = svc.get_attr("IPVS_SVC_ATTR_FLAGS")
+        flags = int(raw["flags"]) if raw is not None else 0
+        key = VirtualKey(
+            proto,
+            str(ipaddress.ip_address(svc.get_attr("IPVS_SVC_ATTR_ADDR"))),
+            int(svc.get_attr("IPVS_SVC_ATTR_PORT")),
+        )
+        persistence = int(svc.get_attr("IPVS_SVC_ATTR_TIMEOUT") or 0) if flags & 1 else 0
+        sched = tuple(n for n, bit in sorted(_SCHED_FLAGS.items()) if flags & bit)
+        return VirtualServer(key, str(svc.get_attr("IPVS_SVC_ATTR_SCHED_NAME")), persistence, sched)
+
+    def _dests(self, key: VirtualKey, family: IPFamily) -> list[tuple[RealServer, Connections]]:
+        from pyroute2.netlink.generic import ipvs as g
+
+        sock, fid = self._ipvs()
+        svc = ("IPVS_CMD_ATTR_SERVICE", {"attrs": self._service_key(key, family)})
+        self.requests_sent += 1
+        out = []
+        for m in sock.dump(self._ipvs_msg(g.IPVS_CMD_GET_DEST, [svc]), fid, g.ipvsmsg):
+            d = m.get_attr("IPVS_CMD_ATTR_DEST")
+            if d is None:
+                continue
+            rk = RealKey(
+                str(ipaddress.ip_address(d.get_attr("IPVS_DEST_ATTR_ADDR"))),
+                int(d.get_attr("IPVS_DEST_ATTR_PORT")),
+            )
+            # The raw forwarding method: a real server that does not masquerade is not ours
+            # to keep as it is; weight -1 makes the reconcile rewrite it.
+            fwd = int(d.get_attr("IPVS_DEST_ATTR_FWD_METHOD") or 0) & 0x7
+            weight = int(d.get_attr("IPVS_DEST_ATTR_WEIGHT") or 0) if fwd == FWD_MASQ else -1
+            conns = Connections(
+                int(d.get_attr("IPVS_DEST_ATTR_ACTIVE_CONNS") or 0),
+                int(d.get_attr("IPVS_DEST_ATTR_INACT_CONNS") or 0),
+            )
+            out.append((RealServer(rk, weight), conns))
+        return out
+
+    def set_timeouts(self, tcp: int, tcp_fin: int, udp: int) -> None:
+        from pyroute2.netlink.generic import ipvs as g
+
+        class config(g.ipvsmsg):  # type: ignore[misc]
+            nla_map = (
+                ("IPVS_CMD_ATTR_UNSPEC", "none"),
+                ("IPVS_CMD_ATTR_SERVICE", "hex"),
+                ("IPVS_CMD_ATTR_DEST", "hex"),
+                ("IPVS_CMD_ATTR_DAEMON", "hex"),
+                ("IPVS_CMD_ATTR_TIMEOUT_TCP", "uint32"),
+                ("IPVS_CMD_ATTR_TIMEOUT_TCP_FIN", "uint32"),
+                ("IPVS_CMD_ATTR_TIMEOUT_UDP", "uint32"),
+            )
+
+        sock, fid = self._ipvs()
+        msg = config()
+        msg["cmd"] = g.IPVS_CMD_SET_CONFIG
+        msg["version"] = 1
+        msg["attrs"] = [
+            ("IPVS_CMD_ATTR_TIMEOUT_TCP", tcp),
+            ("IPVS_CMD_ATTR_TIMEOUT_TCP_FIN", tcp_fin),
+            ("IPVS_CMD_ATTR_TIMEOUT_UDP", udp),
+        ]
+        self.requests_sent += 1
+        code = sock.request(msg, fid)
+        if code:
+            raise BackendError(f"ipvsadm --set {tcp} {tcp_fin} {udp}: {os.strerror(code)}")
+
+    # --- rtnetlink: the dummy link and its addresses ----------------------------------------
+
+    def _link(self) -> int | None:
+        """kube-ipvs0's index (None: no such link)."""
+        if self._link_index is not None:
+            return self._link_index
+        from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+
+        msg = ifinfmsg()
+        msg["attrs"] = [("IFLA_IFNAME", DUMMY_LINK)]
+        self.requests_sent += 1
+        try:
+            (reply,) = self._sock(NETLINK_ROUTE).dump(msg, RTM_GETLINK, ifinfmsg, flags=0)
+        except OSError as err:
+            if err.errno in (errno.ENODEV, errno.ENOENT):
+                return None
+            raise BackendError(f"ip link show {DUMMY_LINK}: {err}") from err
+        self._link_index = int(reply["index"])
+        return self._link_index
+
+    def _add_link(self) -> None:
+        from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+
+        msg = ifinfmsg()
+        msg["attrs"] = [
+            ("IFLA_IFNAME", DUMMY_LINK),
+            ("IFLA_LINKINFO", {"attrs": [("IFLA_INFO_KIND", "dummy")]}),
+        ]
+        self.requests_sent += 1
+        code = self._sock(NETLINK_ROUTE).request(msg, RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL)
+        if code:
+            raise BackendError(f"ip link add {DUMMY_LINK} type dummy: {os.strerror(code)}")
+        self._link_index = None
+
+    def delete_link(self) -> bool:
+        index = self._link()
+        if index is None:
+            return False
+        from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+
+        msg = ifinfmsg()
+        msg["index"] = index
+        self.requests_sent += 1
+        code = self._sock(NETLINK_ROUTE).request(msg, RTM_DELLINK)
+        self._link_index = None
+        if code and code != errno.ENODEV:
+            raise BackendError(f"ip link del {DUMMY_LINK}: {os.strerror(code)}")
+        return not code
+
+    def _address_request(self, op: Op, index: int) -> tuple[Any, int, int]:
+        from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+
+        ip = ipaddress.ip_address(op.address)
+        msg = ifaddrmsg()
+        msg["family"] = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+        msg["prefixlen"] = ip.max_prefixlen
+        msg["index"] = index
+        msg["attrs"] = [("IFA_LOCAL", str(ip)), ("IFA_ADDRESS", str(ip))]
+        if op.kind == "add-address":
+            return msg, RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL
+        return msg, RTM_DELADDR, 0
+
+    def _addresses(self) -> list[tuple[int, str]]:
+        """(link index, address) of every address on the node."""
+        from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+
+        msg = ifaddrmsg()
+        msg["family"] = socket.AF_UNSPEC
+        self.requests_sent += 1
+        out = []
+        for m in self._sock(NETLINK_ROUTE).dump(msg, RTM_GETADDR, ifaddrmsg):
+            addr = m.get_attr("IFA_LOCAL") or m.get_attr("IFA_ADDRESS")
+            if addr:
+                out.append((int(m["index"]), str(ipaddress.ip_address(addr.split("%")[0]))))
+        return out
+
+    def interface_addresses(self) -> tuple[str, ...]:
+        index = self._link()
+        return tuple(dict.fromkeys(a for i, a in self._addresses() if i != index))
+
+    # --- nfnetlink: ipsets ------------------------------------------------------------------
+
+    def _ipset_msg(self, attrs: list[Any], family: int = socket.AF_INET) -> Any:
+        from pyroute2.netlink.nfnetlink.ipset import ipset_msg
+
+        msg = ipset_msg()
+        msg["nfgen_family"] = family
+        msg["attrs"] = [("IPSET_ATTR_PROTOCOL", self._ipset_protocol()), *attrs]
+        return msg
+
+    def _ipset_protocol(self) -> int:
+        if not self._ipset_proto:
+            from pyroute2.netlink.nfnetlink.ipset import IPSET_CMD_PROTOCOL, ipset_msg
+
+            msg = ipset_msg()
+            msg["nfgen_family"] = socket.AF_INET
+            msg["attrs"] = [("IPSET_ATTR_PROTOCOL", 6)]
+            self.requests_sent += 1
+            (reply,) = self._sock(NETLINK_NETFILTER).dump(
+                msg, (NFNL_SUBSYS_IPSET << 8) | IPSET_CMD_PROTOCOL, ipset_msg, flags=0
+            )
+            self._ipset_proto = int(reply.get_attr("IPSET_ATTR_PROTOCOL"))
+        return self._ipset_proto
+
+    def _revision(self, kind: str, family: int) -> int:
+        got = self._revisions.get((kind, family))
+        if got is None:
+            from pyroute2.netlink.nfnetlink.ipset import IPSET_CMD_TYPE, ipset_msg
+
+            msg = self._ipset_msg(
+                [("IPSET_ATTR_TYPENAME", kind), ("IPSET_ATTR_FAMILY", family)], family
+            )
+            self.requests_sent += 1
+            (reply,) = self._sock(NETLINK_NETFILTER).dump(
+                msg, (NFNL_SUBSYS_IPSET << 8) | IPSET_CMD_TYPE, ipset_msg, flags=0
+            )
+            got = self._revisions[(kind, family)] = int(reply.get_attr("IPSET_ATTR_REVISION"))
+        return got
+
+    def _ipset_request(self, op: Op) -> tuple[Any, int, int]:
+        from pyroute2.netlink.nfnetlink import ipset as s
+
+        spec = op.ipset
+        assert spec is not None
+        fam = _af(spec.family)
+        name = ("IPSET_ATTR_SETNAME", spec.name)
+        if op.kind == "create-set":
+            if spec.kind.startswith("bitmap:"):
+                data = [("IPSET_ATTR_PORT_FROM", 0), ("IPSET_ATTR_PORT_TO", 65535)]
+            else:
+                data = [("IPSET_ATTR_HASHSIZE", 1024), ("IPSET_ATTR_MAXELEM", 65536)]
+            msg = self._ipset_msg(
+                [
+                    name,
+                    ("IPSET_ATTR_TYPENAME", spec.kind),
+                    ("IPSET_ATTR_REVISION", self._revision(spec.kind, fam)),
+                    ("IPSET_ATTR_FAMILY", fam),
+                    ("IPSET_ATTR_DATA", {"attrs": data}),
+                ],
+                fam,
+            )
+            return msg, (NFNL_SUBSYS_IPSET << 8) | s.IPSET_CMD_CREATE, NLM_F_EXCL
+        if op.kind == "destroy-set":
+            msg = self._ipset_msg([name], fam)
+            return msg, (NFNL_SUBSYS_IPSET << 8) | s.IPSET_CMD_DESTROY, 0
+        data = entry_attrs(spec, op.entry)
+        msg = self._ipset_msg([name, ("IPSET_ATTR_DATA", {"attrs": data})], fam)
+        cmd = s.IPSET_CMD_ADD if op.kind == "add-entry" else s.IPSET_CMD_DEL
+        return msg, (NFNL_SUBSYS_IPSET << 8) | cmd, NLM_F_EXCL
+
+    def _sets(self, family: IPFamily) -> tuple[dict[str, IpsetSpec], dict[str, frozenset[str]]]:
+        """The mode's sets of ``family`` (by name) and their entries."""
+        from pyroute2.netlink.nfnetlink.ipset import IPSET_CMD_LIST, ipset_msg
+
+        msg = self._ipset_msg([])
+        self.requests_sent += 1
+        try:
+            answers = self._sock(NETLINK_NETFILTER).dump(
+                msg, (NFNL_SUBSYS_IPSET << 8) | IPSET_CMD_LIST, ipset_msg
+            )
+        except OSError as err:
+            raise BackendError(f"ipset list: {err}") from err
+        specs: dict[str, IpsetSpec] = {}
+        entries: dict[str, set[str]] = {}
+        for m in answers:
+            name = m.get_attr("IPSET_ATTR_SETNAME")
+            kind = m.get_attr("IPSET_ATTR_TYPENAME")
+            if not name or not ipsets.is_ours(name):
+                continue
+            fam = IPFamily.IPv6 if name.startswith("KUBE-6-") else IPFamily.IPv4
+            if fam is not family:
+                continue
+            if kind:
+                specs.setdefault(name, IpsetSpec(name, kind, fam))
+            adt = m.get_attr("IPSET_ATTR_ADT")
+            have = entries.setdefault(name, set())
+            if adt is None or name not in specs:
+                continue
+            for data in adt.get_attrs("IPSET_ATTR_DATA"):
+                have.add(entry_text(specs[name].kind, data))
+        return specs, {n: frozenset(entries.get(n, ())) for n in specs}
+
+    # --- the seam ---------------------------------------------------------------------------
+
+    def dump(self, family: IPFamily, connections: bool = False) -> FamilyState:
+        try:
+            index = self._link()
+            addresses = frozenset(a for i, a in self._addresses() if i == index and index)
+            addresses = frozenset(a for a in addresses if (":" in a) == (family is IPFamily.IPv6))
+            virtual, real, conns = {}, {}, {}
+            for proto, svc in self._services(family):
+                vs = self._virtual(proto, svc)
+                virtual[vs.key] = vs
+                dests = self._dests(vs.key, family)
+                real[vs.key] = {r.key: r for r, _ in dests}
+                if connections:
+                    conns.update({(vs.key, r.key): c for r, c in dests})
+            specs, entries = self._sets(family)
+        except OSError as err:
+            raise BackendError(f"reading IPVS state ({family.value}): {err}") from err
+        return FamilyState(
+            family,
+            virtual=virtual,
+            real=real,
+            addresses=addresses,
+            link=index is not None,
+            ipsets=specs,
+            entries=entries,
+            connections=conns,
+        )
+
+    def connections(
+        self, family: IPFamily, reals: Sequence[tuple[VirtualKey, RealKey]]
+    ) -> Mapping[tuple[VirtualKey, RealKey], Connections]:
+        wanted: dict[VirtualKey, set[RealKey]] = {}
+        for vk, rk in reals:
+            wanted.setdefault(vk, set()).add(rk)
+        out = {}
+        for vk, rks in wanted.items():
+            try:
+                dests = self._dests(vk, family)
+            except OSError:  # the service is gone: so are its real servers
+                continue
+            out.update({(vk, r.key): c for r, c in dests if r.key in rks})
+        return out
+
+    def send(self, family: IPFamily, ops: Sequence[Op]) -> int:
+        sent = 0
+        i = 0
+        while i < len(ops):
+            kind = ops[i].kind
+            if kind == "add-link":
+                self._add_link()
+                sent += 1
+                i += 1
+                continue
+            group = _group(kind)
+            j = i
+            while j < len(ops) and _group(ops[j].kind) == group:
+                j += 1
+            batch = ops[i:j]
+            if group == "address":
+                index = self._link()
+                if index is None:
+                    raise BackendError(f"{batch[0]}: Cannot find device {DUMMY_LINK!r}")
+                sock = self._sock(NETLINK_ROUTE)
+                reqs = [self._address_request(o, index) for o in batch]
+            elif group == "ipset":
+                sock = self._sock(NETLINK_NETFILTER)
+                reqs = [self._ipset_request(o) for o in batch]
+            else:
+                sock, fid = self._ipvs()
+                reqs = [(self._ipvs_request(o, family), fid, _ipvs_flags(o)) for o in batch]
+            codes = sock.requests(reqs)
+            sent += len(reqs)
+            self.requests_sent += len(reqs)
+            for o, code in zip(batch, codes, strict=True):
+                if code:
+                    raise BackendError(f"{o}: {_strerror(group, code)}")
+            i = j
+        return sent
+
+    def save(self, family: IPFamily, table: str | None = None, counters: bool = False) -> str:
+        return self.iptables.save(family, table, counters)
+
+    def restore(self, family: IPFamily, text: str) -> None:
+        self.iptables.restore(family, text)
+
+    def sysctl(self, key: str, value: str) -> None:
+        """Through /proc/sys where this process sees the namespace's, else the sysctl tool."""
+        path = "/proc/sys/" + key.replace(".", "/")
+        if self.netns is None:
+            try:
+                with open(path) as f:
+                    if f.read().strip() == value:
+                        return
+                with open(path, "w") as f:
+                    f.write(value)
+                return
+            except OSError as err:
+                raise BackendError(f"sysctl {key}={value}: {err}") from err
+        self.iptables.sysctl(key, value)
+
+    def missing(self, scheduler: str) -> list[str]:
+        out = []
+        for module in ("ip_vs", f"ip_vs_{scheduler or 'rr'}", "dummy", "ip_set"):
+            if not kernel_module_available(module):
+                out.append(
+                    f"kernel module {module!r} is not loaded, built in or loadable"
+                    " (the ipvs mode needs it; no other mode is used instead)"
+                )
+        return out
+
+
+def _group(kind: str) -> str:
+    if kind.endswith("-address"):
+        return "address"
+    if kind.endswith("-set") or kind.endswith("-entry"):
+        return "ipset"
+    return "ipvs"
+
+
+def _ipvs_flags(op: Op) -> int:
+    return NLM_F_CREATE | NLM_F_EXCL if op.kind in ("add-service", "add-real") else 0
+
+
+_IPVS_ERRORS = {
+    errno.EEXIST: "already exists",
+    errno.ESRCH: "No such service",
+    errno.ENOENT: "No such destination (or scheduler not found)",
+}
+_IPSET_ERRORS = {
+    4103: "Element cannot be added/deleted: it's already added/not added",
+    4101: "Set cannot be created: set with the same name already exists",
+    4100: "Set cannot be destroyed: it is in use by a kernel component",
+    4098: "Kernel error received: set type not supported",
+}
+
+
+def _strerror(group: str, code: int) -> str:
+    if group == "ipset" and code in _IPSET_ERRORS:
+        return _IPSET_ERRORS[code]
+    if group == "ipvs" and code in _IPVS_ERRORS:
+        return _IPVS_ERRORS[code]
+    try:
+        return os.strerror(code)
+    except ValueError:
+        return f"error {code}"
+
+
+# --- ipset entries: text <-> attributes -------------------------------------------------------
+
+
+def _ip_attr(ip: str) -> Any:
+    v = "IPSET_ATTR_IPADDR_IPV6" if ":" in ip else "IPSET_ATTR_IPADDR_IPV4"
+    return {"attrs": [(v, ip)]}
+
+
+def entry_attrs(spec: IpsetSpec, entry: str) -> list[Any]:
+    """An entry in ipset's syntax (``10.96.0.10,tcp:80``) as the ADT data attributes."""
+    if spec.kind == "bitmap:port":
+        return [("IPSET_ATTR_PORT", int(entry))]
+    parts = entry.split(",")
+    attrs: list[Any] = [("IPSET_ATTR_IP", _ip_attr(parts[0]))]
+    if len(parts) > 1:
+        proto, _, port = parts[1].partition(":")
+        attrs += [("IPSET_ATTR_PORT", int(port)), ("IPSET_ATTR_PROTO", _NAME_PROTO[proto])]
+    if len(parts) > 2:
+        ip2, _, cidr = parts[2].partition("/")
+        attrs.append(("IPSET_ATTR_IP2", _ip_attr(ip2)))
+        if spec.kind == "hash:ip,port,net":
+            attrs.append(("IPSET_ATTR_CIDR2", int(cidr) if cidr else 32 if ":" not in ip2 else 128))
+    return attrs
+
+
+def _ip_of(nested: Any) -> str:
+    value = nested.get_attr("IPSET_ATTR_IPADDR_IPV4") or nested.get_attr("IPSET_ATTR_IPADDR_IPV6")
+    return str(ipaddress.ip_address(value))
+
+
+def entry_text(kind: str, data: Any) -> str:
+    """A listed entry's attributes in ipset's syntax (as ``ipset save`` and the render)."""
+    if kind == "bitmap:port":
+        return str(data.get_attr("IPSET_ATTR_PORT"))
+    out = _ip_of(data.get_attr("IPSET_ATTR_IP"))
+    if "port" in kind:
+        proto = _PROTO_NAME.get(int(data.get_attr("IPSET_ATTR_PROTO") or 0), "tcp")
+        out += f",{proto}:{data.get_attr('IPSET_ATTR_PORT')}"
+    if kind == "hash:ip,port,ip":
+        out += f",{_ip_of(data.get_attr('IPSET_ATTR_IP2'))}"
+    elif kind == "hash:ip,port,net":
+        ip2 = _ip_of(data.get_attr("IPSET_ATTR_IP2"))
+        cidr = data.get_attr("IPSET_ATTR_CIDR2")
+        out += f",{ipaddress.ip_network(f'{ip2}/{cidr}')}"
+    return out
