@@ -21,6 +21,7 @@ import argparse
 import itertools
 import json
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -136,6 +137,91 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # --- the test side --------------------------------------------------------------------------------
+
+KIT = Path(__file__).resolve()
+#: How long the traffic runs steadily after each step before the next one.
+SETTLE = 1.5
+CLUSTER_IP = "10.96.88.59:80"
+NODE_PORT = "172.18.0.5:30080"
+UDP_SERVICE = "10.96.0.53:53"
+#: A UDP Service on the web pods' echo port, beside the lab's two HTTP Services.
+UDP_MANIFESTS = """
+apiVersion: v1
+kind: Service
+metadata: {name: echo, namespace: default}
+spec:
+  type: ClusterIP
+  clusterIP: 10.96.0.53
+  clusterIPs: [10.96.0.53]
+  ports: [{name: dns, port: 53, protocol: UDP, targetPort: 8081}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: echo-1
+  namespace: default
+  labels: {kubernetes.io/service-name: echo}
+addressType: IPv4
+ports: [{name: dns, port: 8081, protocol: UDP}]
+endpoints:
+- addresses: [10.244.1.2]
+  conditions: {ready: true}
+  nodeName: kind-worker
+- addresses: [10.244.2.2]
+  conditions: {ready: true}
+  nodeName: kind-worker2
+"""
+
+
+def lab_manifests(tmp: Path) -> Path:
+    """The lab's manifests and the UDP Service, in a folder under ``tmp``."""
+    from cli_kit import LAB
+
+    folder = tmp / "manifests"
+    folder.mkdir()
+    for f in (LAB / "manifests").iterdir():
+        (folder / f.name).write_text(f.read_text())
+    (folder / "echo.yaml").write_text(UDP_MANIFESTS)
+    return folder
+
+
+class Traffic:
+    """The generators in the client pod and the external host, until stopped."""
+
+    def __init__(self, lab: Any, tmp: Path, udp: bool = True) -> None:
+        from cli_kit import wait_until
+
+        from kubeplex.testing.netlab import CLIENT_POD, EXTERNAL
+
+        self.stop_file = tmp / "stop"
+        self.procs: list[subprocess.Popen[str]] = []
+        for ns, args in (
+            (CLIENT_POD, ["--http", CLUSTER_IP, *(["--udp", UDP_SERVICE] if udp else [])]),
+            (EXTERNAL, ["--http", NODE_PORT]),
+        ):
+            ready = tmp / f"ready-{ns}"
+            cmd = ["ip", "netns", "exec", lab.namespace_of(ns), sys.executable, str(KIT)]
+            cmd += [*args, "--stop", str(self.stop_file), "--ready", str(ready)]
+            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
+            wait_until(ready.exists, what=f"traffic from {ns}")
+
+    def stop(self) -> dict[str, Any]:
+        """Stop every generator; what they saw, merged."""
+        self.stop_file.write_text("stop")
+        seen: dict[str, Any] = {"new": {}, "long": [], "udp": {}}
+        for proc in self.procs:
+            out, _ = proc.communicate(timeout=15)
+            doc = json.loads(out)
+            seen["new"].update(doc["new"])
+            seen["long"] += doc["long"]
+            seen["udp"].update(doc["udp"])
+        return seen
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 @dataclass

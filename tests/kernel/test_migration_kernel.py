@@ -7,7 +7,6 @@ leftovers (printed; the lead puts them in the README)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -16,63 +15,23 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from cli_kit import LAB, kubeplex, wait_until
-from migration_kit import StepFigures, figures
+from migration_kit import SETTLE, StepFigures, Traffic, figures, lab_manifests
 
 from kubeplex.core.config.kubeproxy import load_config, with_overrides
 from kubeplex.core.dataplane import plugins
 from kubeplex.core.dataplane.backend import BackendContext
-from kubeplex.testing.netlab import CLIENT_POD, EXTERNAL, NODE1, Lab
+from kubeplex.testing.netlab import NODE1, Lab
 
 pytestmark = pytest.mark.kernel
-
-KIT = Path(__file__).resolve().parents[1] / "migration_kit.py"
-CLUSTER_IP = "10.96.88.59:80"
-NODE_PORT = "172.18.0.5:30080"
-UDP_SERVICE = "10.96.0.53:53"
-#: A UDP Service on the web pods' echo port, beside the lab's two HTTP Services.
-UDP_MANIFESTS = """
-apiVersion: v1
-kind: Service
-metadata: {name: echo, namespace: default}
-spec:
-  type: ClusterIP
-  clusterIP: 10.96.0.53
-  clusterIPs: [10.96.0.53]
-  ports: [{name: dns, port: 53, protocol: UDP, targetPort: 8081}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: echo-1
-  namespace: default
-  labels: {kubernetes.io/service-name: echo}
-addressType: IPv4
-ports: [{name: dns, port: 8081, protocol: UDP}]
-endpoints:
-- addresses: [10.244.1.2]
-  conditions: {ready: true}
-  nodeName: kind-worker
-- addresses: [10.244.2.2]
-  conditions: {ready: true}
-  nodeName: kind-worker2
-"""
-#: How long the traffic runs steadily after each step before the next one.
-SETTLE = 1.5
 
 
 @pytest.fixture
 def manifests(tmp_path: Path) -> Path:
-    folder = tmp_path / "manifests"
-    folder.mkdir()
-    for f in (LAB / "manifests").iterdir():
-        (folder / f.name).write_text(f.read_text())
-    (folder / "echo.yaml").write_text(UDP_MANIFESTS)
-    return folder
+    return lab_manifests(tmp_path)
 
 
 def free_port() -> int:
@@ -88,41 +47,6 @@ def leftovers(netns: str, mode: str) -> list[str]:
     )
     ctx = BackendContext(config=cfg, node_name=NODE1, netns=netns)
     return list(plugins.load_backend(mode, ctx).leftovers())
-
-
-class Traffic:
-    """The generators in the client pod and the external host, until stopped."""
-
-    def __init__(self, lab: Lab, tmp: Path) -> None:
-        self.stop_file = tmp / "stop"
-        self.procs: list[subprocess.Popen[str]] = []
-        for ns, args in (
-            (CLIENT_POD, ["--http", CLUSTER_IP, "--udp", UDP_SERVICE]),
-            (EXTERNAL, ["--http", NODE_PORT]),
-        ):
-            ready = tmp / f"ready-{ns}"
-            cmd = ["ip", "netns", "exec", lab.namespace_of(ns), sys.executable, str(KIT)]
-            cmd += [*args, "--stop", str(self.stop_file), "--ready", str(ready)]
-            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
-            wait_until(ready.exists, what=f"traffic from {ns}")
-
-    def stop(self) -> dict[str, Any]:
-        """Stop every generator; what they saw, merged."""
-        self.stop_file.write_text("stop")
-        seen: dict[str, Any] = {"new": {}, "long": [], "udp": {}}
-        for proc in self.procs:
-            out, _ = proc.communicate(timeout=15)
-            doc = json.loads(out)
-            seen["new"].update(doc["new"])
-            seen["long"] += doc["long"]
-            seen["udp"].update(doc["udp"])
-        return seen
-
-    def kill(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
 
 
 def test_live_switch_under_load(netlab: Lab, manifests: Path, tmp_path: Path) -> None:
