@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, cast
+from typing import Any
 
 from kubeplex.backends.ipvs import ipsets as S
 from kubeplex.backends.ipvs.plan import FamilyState, RealKey, RealServer, VirtualKey, VirtualServer
@@ -208,7 +208,7 @@ def _done(
 
 
 class SetView(AbstractSet[str]):
-    """A read-only live view of a set, with frozenset's methods (their results are copies)."""
+    """A read-only live view of a set (its operators return frozen copies)."""
 
     __slots__ = ("_s",)
 
@@ -230,32 +230,6 @@ class SetView(AbstractSet[str]):
     @classmethod
     def _from_iterable(cls, it: Iterable[Any]) -> frozenset[Any]:
         return frozenset(it)
-
-    def copy(self) -> frozenset[str]:
-        return frozenset(self._s)
-
-    def union(self, *others: Iterable[str]) -> frozenset[str]:
-        return frozenset(self._s).union(*others)
-
-    def difference(self, *others: Iterable[str]) -> frozenset[str]:
-        return frozenset(self._s).difference(*others)
-
-    def intersection(self, *others: Iterable[str]) -> frozenset[str]:
-        return frozenset(self._s).intersection(*others)
-
-    def symmetric_difference(self, other: Iterable[str]) -> frozenset[str]:
-        return frozenset(self._s).symmetric_difference(other)
-
-    def issubset(self, other: Iterable[str]) -> bool:
-        return frozenset(self._s).issubset(other)
-
-    def issuperset(self, other: Iterable[str]) -> bool:
-        return all(x in self._s for x in other)
-
-
-def _frozen(view: SetView) -> frozenset[str]:
-    # FamilyState types its sets as frozenset; the view has frozenset's interface.
-    return cast(frozenset[str], view)
 
 
 # --- the renderer's output ------------------------------------------------------------------
@@ -312,12 +286,12 @@ class DesiredRenderer:
     def _make_views(self) -> None:
         specs = S.specs(self.settings.family)
         self._entries: dict[str, set[str]] = {n: set() for n in specs}
-        views = {n: _frozen(SetView(v)) for n, v in self._entries.items()}
+        views = {n: SetView(v) for n, v in self._entries.items()}
         self._state = FamilyState(
             family=self.settings.family,
             virtual=MappingProxyType(self._virtual),
             real=MappingProxyType(self._real),
-            addresses=_frozen(SetView(self._addresses)),
+            addresses=SetView(self._addresses),
             link=True,
             ipsets=MappingProxyType(specs),
             entries=MappingProxyType(views),

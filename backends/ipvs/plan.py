@@ -19,7 +19,7 @@ an unchanged object is not in the plan.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Protocol
 
@@ -140,12 +140,12 @@ class FamilyState:
     virtual: Mapping[VirtualKey, VirtualServer] = field(default_factory=dict)
     real: Mapping[VirtualKey, Mapping[RealKey, RealServer]] = field(default_factory=dict)
     #: Addresses on the dummy link (normalized, without prefix length).
-    addresses: frozenset[str] = frozenset()
+    addresses: Set[str] = frozenset()
     #: Whether the dummy link exists (always true in a desired state).
     link: bool = True
     ipsets: Mapping[str, IpsetSpec] = field(default_factory=dict)
     #: Entries per ipset, in ipset's own syntax (``10.96.0.10,tcp:53``, ``30080``).
-    entries: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    entries: Mapping[str, Set[str]] = field(default_factory=dict)
     #: Connection counts per real server (kernel states only; empty in a desired state).
     connections: Mapping[tuple[VirtualKey, RealKey], Connections] = field(default_factory=dict)
 
