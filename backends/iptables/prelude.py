@@ -5,10 +5,11 @@ from __future__ import annotations
 from kubeplex.backends.iptables import names
 from kubeplex.backends.iptables.rules import KUBELET_FIREWALL
 from kubeplex.backends.netfilter.iptables import SavedRuleset
+from kubeplex.backends.netfilter.jumps import Jump, missing_jumps
 
 #: (table, builtin chain, comment, extra match, target): upstream's jumps into our chains, in the
 #: order upstream ensures them; each is inserted at position 1 when missing.
-JUMPS = (
+JUMPS: tuple[Jump, ...] = (
     (
         "filter",
         "INPUT",
@@ -80,10 +81,6 @@ def prelude(saved: SavedRuleset, planned: dict[str, set[str]]) -> dict[str, list
     for table in CANARY_TABLES:
         if names.CANARY not in saved.chains.get(table, set()):
             out.setdefault(table, []).append(f":{names.CANARY} - [0:0]")
-    for table, chain, comment, extra, target in JUMPS:
-        exists = target in saved.chains.get(table, set()) | planned.get(table, set())
-        if exists and not saved.has_jump(table, chain, comment, target):
-            match = f"{extra} " if extra else ""
-            note = f'-m comment --comment "{comment}" ' if comment else ""
-            out.setdefault(table, []).append(f"-I {chain} 1 {match}{note}-j {target}")
+    for table, lines in missing_jumps(saved, JUMPS, planned).items():
+        out.setdefault(table, []).extend(lines)
     return out
