@@ -95,7 +95,7 @@ class NetlinkSocket:
         self.seq += 1
         msg["header"]["type"] = msg_type
         msg["header"]["flags"] = flags
-        msg["header"]["seq"] = self.seq
+        msg["header"]["sequence_number"] = self.seq
         msg["header"]["pid"] = 0
         msg.encode()
         return self.seq, bytes(msg.data)
@@ -518,7 +518,7 @@ class IpvsKernel:
         cmd = s.IPSET_CMD_ADD if op.kind == "add-entry" else s.IPSET_CMD_DEL
         return msg, (NFNL_SUBSYS_IPSET << 8) | cmd, NLM_F_EXCL
 
-    def _sets(self, family: IPFamily) -> tuple[dict[str, IpsetSpec], dict[str, frozenset[str]]]:
+    def list_sets(self, family: IPFamily) -> tuple[dict[str, IpsetSpec], dict[str, frozenset[str]]]:
         """The mode's sets of ``family`` (by name) and their entries."""
         from pyroute2.netlink.nfnetlink.ipset import IPSET_CMD_LIST, ipset_msg
 
@@ -565,7 +565,7 @@ class IpvsKernel:
                 real[vs.key] = {r.key: r for r, _ in dests}
                 if connections:
                     conns.update({(vs.key, r.key): c for r, c in dests})
-            specs, entries = self._sets(family)
+            specs, entries = self.list_sets(family)
         except OSError as err:
             raise BackendError(f"reading IPVS state ({family.value}): {err}") from err
         return FamilyState(
@@ -728,14 +728,24 @@ def _ip_of(nested: Any) -> str:
     return str(ipaddress.ip_address(value))
 
 
+def _get(data: Any, *names: str) -> Any:
+    """An attribute by any of its names (pyroute2 decodes a shared number as the last one)."""
+    for n in names:
+        v = data.get_attr(n)
+        if v is not None:
+            return v
+    return None
+
+
 def entry_text(kind: str, data: Any) -> str:
     """A listed entry's attributes in ipset's syntax (as ``ipset save`` and the render)."""
+    port = _get(data, "IPSET_ATTR_PORT", "IPSET_ATTR_PORT_FROM")
     if kind == "bitmap:port":
-        return str(data.get_attr("IPSET_ATTR_PORT"))
-    out = _ip_of(data.get_attr("IPSET_ATTR_IP"))
+        return str(port)
+    out = _ip_of(_get(data, "IPSET_ATTR_IP", "IPSET_ATTR_IP_FROM"))
     if "port" in kind:
         proto = _PROTO_NAME.get(int(data.get_attr("IPSET_ATTR_PROTO") or 0), "tcp")
-        out += f",{proto}:{data.get_attr('IPSET_ATTR_PORT')}"
+        out += f",{proto}:{port}"
     if kind == "hash:ip,port,ip":
         out += f",{_ip_of(data.get_attr('IPSET_ATTR_IP2'))}"
     elif kind == "hash:ip,port,net":
