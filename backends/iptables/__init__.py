@@ -25,6 +25,7 @@ from kubeplex.backends.iptables.rules import (
     NFACCT_LOCALHOST_NODEPORTS,
     FamilySettings,
 )
+from kubeplex.backends.netfilter.artifacts import Artifacts, removal
 from kubeplex.backends.netfilter.iptables import Iptables, IptablesSeam, SavedRuleset
 from kubeplex.backends.netfilter.rollback import Before, restore_all
 from kubeplex.core.config.localdetect import local_detector
@@ -274,7 +275,7 @@ class IptablesBackend(FamilyBackend[FamilyRenderer, IptablesRendered]):
                 out.append(Sample(family, (), packets))
         return out
 
-    def _found(self, keep: Collection[str] = ()) -> list[tuple[IPFamily, list[readback.Artifacts]]]:
+    def _found(self, keep: Collection[str] = ()) -> list[tuple[IPFamily, list[Artifacts]]]:
         return [
             (f, readback.artifacts(SavedRuleset.parse(self.kernel.save(f)), f, keep))
             for f in self.ctx.families
@@ -289,7 +290,7 @@ class IptablesBackend(FamilyBackend[FamilyRenderer, IptablesRendered]):
             keep.add(readback.GUARD_LINE)
         removed: list[str] = []
         for family, found in self._found(keep):
-            text = readback.removal(found)
+            text = removal(found)
             if not text:
                 continue
             if readback.removes_martian_guard(family, found):

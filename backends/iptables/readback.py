@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
-from dataclasses import dataclass
 
 from kubeplex.backends.iptables import names
 from kubeplex.backends.iptables.rules import KUBELET_FIREWALL
-from kubeplex.backends.netfilter.iptables import SavedRuleset, tool
+from kubeplex.backends.netfilter.artifacts import Artifacts, rule_target
+from kubeplex.backends.netfilter.artifacts import describe as describe_chains
+from kubeplex.backends.netfilter.artifacts import find as found_chains
+from kubeplex.backends.netfilter.iptables import SavedRuleset
 from kubeplex.core.dataplane.backend import EndpointView, ProgrammedService
 from kubeplex.core.model.types import IPFamily, ServicePortName
 
@@ -26,7 +28,6 @@ FIXED_CHAINS = frozenset(
         names.CANARY,
     }
 )
-CLEANUP_TABLES = ("filter", "nat", "mangle")
 #: Chains only kubelet makes: where one exists, kubelet manages this node's KUBE-FIREWALL.
 KUBELET_MARKERS = (("mangle", "KUBE-IPTABLES-HINT"), ("mangle", "KUBE-KUBELET-CANARY"),
                    ("nat", "KUBE-KUBELET-CANARY"), ("filter", "KUBE-KUBELET-CANARY"))  # fmt: skip
@@ -38,19 +39,9 @@ ROUTE_LOCALNET_LINE = f"sysctl {ROUTE_LOCALNET}=1"
 #: The leftover line of the mode's own KUBE-FIREWALL (IPv4), route_localnet's guard.
 GUARD_LINE = f"iptables filter chain {KUBELET_FIREWALL}"
 
-_TARGET = re.compile(r" -j (\S+)")
 _PROBABILITY = re.compile(r" --probability (\S+)")
 _DESTINATION = re.compile(r" --to-destination (\S+)")
 _SECONDS = re.compile(r" --rcheck --seconds (\d+)")
-
-
-@dataclass(frozen=True)
-class Artifacts:
-    """One table's chains of the mode, and the jumps into them from other chains."""
-
-    table: str
-    chains: tuple[str, ...]
-    jumps: tuple[str, ...]
 
 
 def firewall_is_ours(saved: SavedRuleset) -> bool:
@@ -82,33 +73,10 @@ def _ours(table: str, chain: str, firewall: bool) -> bool:
 def artifacts(
     saved: SavedRuleset, family: IPFamily = IPFamily.IPv4, keep: Collection[str] = ()
 ) -> list[Artifacts]:
-    """What of the mode ``saved`` (one family) holds, per table (tables with nothing left
-    out), but for what ``keep`` names in the words of ``describe``: a kept chain stays with
-    the jumps into it, a kept jump stays; a jump into a chain that goes, goes too."""
-    cmd = tool(family)
+    """What of the mode ``saved`` (one family) holds, per table, but for what ``keep`` names
+    (see ``netfilter.artifacts.find``)."""
     firewall = firewall_is_ours(saved)
-    out = []
-    for table in CLEANUP_TABLES:
-        chains = saved.chains.get(table, set())
-        mine = {
-            c
-            for c in chains
-            if _ours(table, c, firewall) and f"{cmd} {table} chain {c}" not in keep
-        }
-        jumps = tuple(
-            r
-            for r in saved.rules.get(table, [])
-            if r.split()[1] not in mine
-            and _target(r) in mine
-            and _jump_line(cmd, table, r) not in keep
-        )
-        if mine or jumps:
-            out.append(Artifacts(table, tuple(sorted(mine)), jumps))
-    return out
-
-
-def _jump_line(cmd: str, table: str, rule: str) -> str:
-    return f"{cmd} {table} jump {rule.split()[1]} -> {_target(rule)}"
+    return found_chains(saved, family, lambda table, c: _ours(table, c, firewall), keep)
 
 
 def removes_martian_guard(family: IPFamily, found: list[Artifacts]) -> bool:
@@ -122,31 +90,10 @@ def removes_martian_guard(family: IPFamily, found: list[Artifacts]) -> bool:
 def describe(family: IPFamily, found: list[Artifacts]) -> list[str]:
     """One line per artifact, as ``CleanupReport`` and ``leftovers`` word them (iptables
     chains as every netfilter mode words them, so a mode sharing one names it the same)."""
-    cmd = tool(family)
-    lines = []
-    for a in found:
-        lines += [f"{cmd} {a.table} chain {c}" for c in a.chains]
-        lines += [_jump_line(cmd, a.table, r) for r in a.jumps]
+    lines = describe_chains(family, found)
     if removes_martian_guard(family, found):
         lines.append(ROUTE_LOCALNET_LINE)
     return lines
-
-
-def removal(found: list[Artifacts]) -> str:
-    """The restore input removing ``found``: chains flushed, jumps deleted, chains deleted."""
-    lines: list[str] = []
-    for a in found:
-        lines.append(f"*{a.table}")
-        lines += [f":{c} - [0:0]" for c in a.chains]
-        lines += [r.replace("-A ", "-D ", 1) for r in a.jumps]
-        lines += [f"-X {c}" for c in a.chains]
-        lines.append("COMMIT")
-    return "\n".join(lines) + "\n" if lines else ""
-
-
-def _target(rule: str) -> str | None:
-    m = _TARGET.search(rule)
-    return m.group(1) if m else None
 
 
 def programmed(
@@ -168,7 +115,7 @@ def programmed(
     seps: list[str] = []
     for chain in chains[:2]:
         for rule, _ in by_chain.get(chain, []):
-            target = _target(rule)
+            target = rule_target(rule)
             if target and target.startswith("KUBE-SEP-") and target not in seps:
                 seps.append(target)
     objects = chains + [c for c in seps if c in present]
@@ -178,7 +125,7 @@ def programmed(
     packets: int | None = None
     for chain in (names.SERVICES, names.NODEPORTS):
         for rule, counts in by_chain.get(chain, []):
-            if _target(rule) in mine:
+            if rule_target(rule) in mine:
                 entries.append(rule)
                 if counts is not None:
                     packets = (packets or 0) + counts[0]
@@ -192,7 +139,7 @@ def programmed(
     endpoints: list[EndpointView] = []
     remaining = 1.0
     for rule, _ in by_chain.get(main, []) if main else []:
-        target = _target(rule)
+        target = rule_target(rule)
         if not target or not target.startswith("KUBE-SEP-") or " --rcheck " in rule:
             continue
         m = _PROBABILITY.search(rule)
@@ -205,7 +152,7 @@ def programmed(
         if chain == main or not chain.startswith(("KUBE-SVC-", "KUBE-SVL-")):
             continue
         for rule, _ in by_chain.get(chain, []):
-            target = _target(rule)
+            target = rule_target(rule)
             if target and target.startswith("KUBE-SEP-") and " --rcheck " not in rule:
                 view = _endpoint(by_chain.get(target, []), None)
                 if view.target not in shared:
@@ -219,7 +166,7 @@ def programmed(
         family=family,
         entries=tuple(entries),
         endpoints=tuple(endpoints),
-        masquerade=any(_target(r) == names.MARK_MASQ for r in rules),
+        masquerade=any(rule_target(r) == names.MARK_MASQ for r in rules),
         affinity_seconds=seconds,
         packets=packets,
         objects=tuple(objects),
