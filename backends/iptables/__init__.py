@@ -27,6 +27,7 @@ from kubeplex.backends.iptables.rules import (
 )
 from kubeplex.backends.netfilter.artifacts import Artifacts, removal
 from kubeplex.backends.netfilter.iptables import Iptables, IptablesSeam, SavedRuleset
+from kubeplex.backends.netfilter.nodeports import node_port_ips
 from kubeplex.backends.netfilter.rollback import Before, restore_all
 from kubeplex.core.config.localdetect import local_detector
 from kubeplex.core.dataplane.backend import (
@@ -61,25 +62,6 @@ class IptablesObserved:
 
 #: What ``IptablesBackend.observe`` returns: the families whose next render is full.
 Observation = Mapping[IPFamily, IptablesObserved]
-
-
-def node_port_ips(
-    addresses: tuple[str, ...], node: NodeInfo, family: IPFamily, local: tuple[str, ...]
-) -> tuple[str, ...] | None:
-    """Upstream's nodePortAddresses for one family: None means every local address."""
-    mine = [a for a in addresses if a == "primary" or family_of(a) is family]
-    if not mine:
-        return None
-    ips: list[str] = []
-    for entry in mine:
-        if entry == "primary":
-            ips += node.addresses_of(family)[:1]
-            continue
-        net = ipaddress.ip_network(entry, strict=False)
-        if net.prefixlen == 0:
-            return None
-        ips += [ip for ip in local if family_of(ip) is family and ipaddress.ip_address(ip) in net]
-    return tuple(dict.fromkeys(ips))
 
 
 def admits_loopback(addresses: tuple[str, ...]) -> bool:
