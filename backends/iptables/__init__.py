@@ -43,7 +43,7 @@ from kubeplex.core.dataplane.backend import (
 )
 from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.graph import ChangeSet, ProxyState, ServiceGraph
-from kubeplex.core.model.types import IPFamily, NodeInfo, ServicePortName, family_of
+from kubeplex.core.model.types import IPFamily, ServicePortName, family_of
 
 log = logging.getLogger(__name__)
 
