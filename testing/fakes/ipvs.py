@@ -126,7 +126,11 @@ class FakeIpvs:
         fam = self.families[family]
         conns = {}
         if connections:
-            conns = {r: t.Connections(a, i) for r, (a, i) in fam.conns.items()}
+            conns = {
+                (vk, rk): t.Connections(*fam.conns.get((vk, rk), (0, 0)))
+                for vk, reals in fam.reals.items()
+                for rk in reals
+            }
         sets = {n: s for n, s in self.sets.items() if s.family is family}
         return t.FamilyState(
             family,
