@@ -383,6 +383,9 @@ def parse_service(obj: Mapping[str, Any]) -> ServiceObject:
 
 def parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSliceObject:
     """Validate a discovery.k8s.io/v1 EndpointSlice."""
+    plain = _plain_slice(obj)
+    if plain is not None:
+        return plain
     f = _Fields()
     namespace, name, meta = _metadata(f, obj, subdomain=True)
     labels = f.mapping(meta.get("labels"), "metadata.labels")
@@ -438,7 +441,7 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSliceObject:
         endpoints.append(
             SliceEndpoint(ip, ready, serving, terminating, node_name, zone, zone_hints, node_hints)
         )
-    trigger = annotations.get("endpoints.kubernetes.io/last-change-trigger-time", "")
+    trigger = annotations.get(TRIGGER_TIME_ANNOTATION, "")
     if f.errors:
         raise InvalidObject(_describe("EndpointSlice", obj), f.errors)
     return EndpointSliceObject(
@@ -450,6 +453,119 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSliceObject:
         endpoints=tuple(endpoints),
         trigger_time=trigger if isinstance(trigger, str) else "",
     )
+
+
+TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+
+
+def _plain_slice(obj: Any) -> EndpointSliceObject | None:
+    """The common, valid IPv4 or IPv6 slice, checked without building field paths: the same
+    checks as the general path of parse_endpoint_slice, which takes over (and names the
+    field) for anything else, FQDN slices included."""
+    if type(obj) is not dict:
+        return None
+    meta = obj.get("metadata")
+    if type(meta) is not dict:
+        return None
+    name, namespace = meta.get("name"), meta.get("namespace", "default")
+    labels, annotations = meta.get("labels"), meta.get("annotations")
+    if (
+        type(name) is not str
+        or type(namespace) is not str
+        or type(labels) is not dict
+        or not _subdomain(name)
+        or not _label(namespace)
+    ):
+        return None
+    if annotations is None:
+        annotations = {}
+    elif type(annotations) is not dict:
+        return None
+    service_name = labels.get(SERVICE_NAME_LABEL)
+    address_type = obj.get("addressType")
+    if type(service_name) is not str or not _label(service_name):
+        return None
+    if address_type != "IPv4" and address_type != "IPv6":
+        return None
+    raw_ports, raw_endpoints = obj.get("ports"), obj.get("endpoints")
+    if raw_ports is None:
+        raw_ports = []
+    if raw_endpoints is None:
+        raw_endpoints = []
+    if type(raw_ports) is not list or type(raw_endpoints) is not list:
+        return None
+    ports: list[SlicePort] = []
+    for p in raw_ports:
+        if type(p) is not dict:
+            return None
+        port = p.get("port")
+        if port is None:
+            continue  # "all ports": ignored, as in the general path
+        pname, protocol = p.get("name"), p.get("protocol")
+        if pname is None:
+            pname = ""
+        if (
+            type(port) is not int
+            or not 1 <= port <= 65535
+            or type(pname) is not str
+            or (pname and (len(pname) > 15 or not _PORT_NAME.match(pname)))
+        ):
+            return None
+        if protocol is None or protocol == "":
+            proto = Protocol.TCP
+        elif type(protocol) is str and protocol in _PROTOCOLS:
+            proto = _PROTOCOLS[protocol]
+        else:
+            return None
+        ports.append(SlicePort(pname, proto, port))
+    endpoints: list[SliceEndpoint] = []
+    for raw in raw_endpoints:
+        endpoint = _plain_endpoint(raw, address_type)
+        if endpoint is None:
+            return None
+        endpoints.append(endpoint)
+    trigger = annotations.get(TRIGGER_TIME_ANNOTATION, "")
+    return EndpointSliceObject(
+        namespace=namespace,
+        name=name,
+        service_name=service_name,
+        address_type=address_type,
+        ports=tuple(ports),
+        endpoints=tuple(endpoints),
+        trigger_time=trigger if isinstance(trigger, str) else "",
+    )
+
+
+_PROTOCOLS = {p.value: p for p in Protocol}
+#: Names already found valid (node, namespace and Service names repeat across a cluster's
+#: objects): bounded, so hostile input cannot grow them without end.
+_VALID_SUBDOMAINS: set[str] = set()
+_VALID_LABELS: set[str] = set()
+_VALID_NAMES_LIMIT = 65536
+
+
+def _subdomain(text: str) -> bool:
+    """dns_subdomain's check, remembered for a name seen before."""
+    if text in _VALID_SUBDOMAINS:
+        return True
+    if not text or len(text) > 253 or not _DNS1123_SUBDOMAIN.match(text):
+        return False
+    if len(_VALID_SUBDOMAINS) >= _VALID_NAMES_LIMIT:
+        _VALID_SUBDOMAINS.clear()
+    _VALID_SUBDOMAINS.add(text)
+    return True
+
+
+def _label(text: str) -> bool:
+    """dns_label's check (with its default pattern), remembered for a name seen before."""
+    if text in _VALID_LABELS:
+        return True
+    if not text or len(text) > 63 or not _DNS1123_LABEL.match(text):
+        return False
+    if len(_VALID_LABELS) >= _VALID_NAMES_LIMIT:
+        _VALID_LABELS.clear()
+    _VALID_LABELS.add(text)
+    return True
 
 
 def _plain_endpoint(raw: Any, address_type: str) -> SliceEndpoint | None:
@@ -480,7 +596,7 @@ def _plain_endpoint(raw: Any, address_type: str) -> SliceEndpoint | None:
         or (terminating is not None and type(terminating) is not bool)
         or (node_name is not None and type(node_name) is not str)
         or (zone is not None and type(zone) is not str)
-        or (node_name and not _DNS1123_SUBDOMAIN.match(node_name))
+        or (node_name and node_name not in _VALID_SUBDOMAINS and not _node_name_ok(node_name))
     ):
         return None
     zone_hints: frozenset[str] | None = _NO_HINTS
@@ -503,6 +619,19 @@ def _plain_endpoint(raw: Any, address_type: str) -> SliceEndpoint | None:
         zone_hints,
         node_hints,
     )
+
+
+def _node_name_ok(text: str) -> bool:
+    """The general path's nodeName check (the pattern only, no length limit), remembered
+    when it also passes _subdomain's (which shares the set)."""
+    if not _DNS1123_SUBDOMAIN.match(text):
+        return False
+    if len(text) > 253:
+        return True
+    if len(_VALID_SUBDOMAINS) >= _VALID_NAMES_LIMIT:
+        _VALID_SUBDOMAINS.clear()
+    _VALID_SUBDOMAINS.add(text)
+    return True
 
 
 _NO_HINTS: frozenset[str] = frozenset()

@@ -567,8 +567,9 @@ class _Resource:
     without: str = ""
     #: the server or the role lacks this optional resource (logged once until it is back)
     missing: bool = False
-    #: what was last applied, by key (namespace/name, or name for the Node)
-    known: dict[str, JSON] = field(default_factory=dict)
+    #: the resourceVersion of what was last applied, by key (namespace/name, or name for
+    #: the cluster-scoped): the objects themselves live on in their parsed form only
+    known: dict[str, str] = field(default_factory=dict)
     rv: str = ""
     synced: threading.Event = field(default_factory=threading.Event)
     last_list: float = float("-inf")
@@ -628,6 +629,77 @@ def _list_meta(data: bytes) -> JSON | None:
             pos += 1
     except (ValueError, IndexError):
         return None
+
+
+def _list_items(body: Any) -> Iterator[JSON]:
+    """The items of a list response, one at a time: decoded from its text item by item (so
+    no second copy of the whole list is ever built), or taken from the decoded list."""
+    if isinstance(body, dict):
+        got = body.get("items") or []
+        yield from (item for item in got if isinstance(item, dict)) if isinstance(got, list) else ()
+        return
+    text = body.decode("utf-8") if isinstance(body, bytes | bytearray) else str(body)
+    start = _items_start(text)
+    if start < 0:  # not laid out as the API server writes it: decode it whole
+        yield from _list_items(json.loads(text))
+        return
+    pos = _WS.match(text, start).end()  # type: ignore[union-attr]
+    if text[pos : pos + 1] == "]":
+        return
+    while True:
+        item, pos = _DECODER.raw_decode(text, pos)
+        if isinstance(item, dict):
+            yield item
+        pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
+        sep = text[pos : pos + 1]
+        if sep == "]":
+            return
+        if sep != ",":
+            raise ValueError(f"list response: expected ',' or ']' at {pos}, got {sep!r}")
+        pos = _WS.match(text, pos + 1).end()  # type: ignore[union-attr]
+
+
+def _items_start(text: str) -> int:
+    """Where the array of a list response's top-level ``items`` opens (just after its "["),
+    reading the members before it; -1 if the text is not such an object."""
+    try:
+        pos = _WS.match(text, 0).end()  # type: ignore[union-attr]
+        if text[pos : pos + 1] != "{":
+            return -1
+        pos += 1
+        while True:
+            pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
+            key, pos = _DECODER.raw_decode(text, pos)
+            pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
+            if not isinstance(key, str) or text[pos : pos + 1] != ":":
+                return -1
+            pos = _WS.match(text, pos + 1).end()  # type: ignore[union-attr]
+            if key == "items":
+                return pos + 1 if text[pos : pos + 1] == "[" else -1
+            _value, pos = _DECODER.raw_decode(text, pos)
+            pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
+            if text[pos : pos + 1] != ",":
+                return -1
+            pos += 1
+    except (ValueError, IndexError):
+        return -1
+
+
+def _slim(obj: JSON) -> JSON:
+    """``obj`` without what no part of kubeplex reads and an API server adds to every object
+    (client-go's TransformStripManagedFields, and the endpoints' pod references): a cluster's
+    objects take half the memory."""
+    meta = obj.get("metadata")
+    if type(meta) is dict:
+        meta.pop("managedFields", None)
+        meta.pop("ownerReferences", None)
+    endpoints = obj.get("endpoints")
+    if type(endpoints) is list:
+        for endpoint in endpoints:
+            if type(endpoint) is dict:
+                endpoint.pop("targetRef", None)
+                endpoint.pop("deprecatedTopology", None)
+    return obj
 
 
 def _key(obj: Mapping[str, Any]) -> str:
@@ -805,6 +877,8 @@ class KubeApiSource:
         #: The cyclic collector, paused by start() until the initial lists are complete.
         self._collector = _CollectorPause()
         self._node_seen = False
+        #: the own Node as last listed or watched (None: not there)
+        self._node: JSON | None = None
         self._started = False
         self._owns_api = False
 
@@ -898,7 +972,7 @@ class KubeApiSource:
     def node_deleting(self) -> bool:
         """The own Node has a deletionTimestamp, or was deleted after it had been seen
         (healthz reports such a node as not eligible, like upstream)."""
-        node = self._resources[NODES].known.get(self.node_name)
+        node = self._node
         if node is None:
             return self._node_seen and self._resources[NODES].synced.is_set()
         return (node.get("metadata") or {}).get("deletionTimestamp") is not None
@@ -982,11 +1056,12 @@ class KubeApiSource:
         back off."""
         r.healthy = False
         items, rv = self._list(r)
+        count = len(items)
         self._replace(r, items, rv)
         r.last_error = ""
         if r.missing:
             r.missing = False
-            log.info("%s: served now (%d objects)", r.name, len(items))
+            log.info("%s: served now (%d objects)", r.name, count)
         while not self._stop.is_set():
             if self.config_sync_period > 0:
                 left = r.last_list + self.config_sync_period - time.monotonic()
@@ -1048,13 +1123,13 @@ class KubeApiSource:
                 continue
             # The fetcher's reading of the list metadata decides, so both agree on the end.
             body, meta = page
-            if not isinstance(body, dict):
-                body = json.loads(body)
-            for item in body.get("items") or []:
+            page = None  # the response's text goes as soon as its items are decoded
+            for item in _list_items(body):
                 # List items lack TypeMeta; give them the kind a manifest or watch event has.
                 item.setdefault("kind", r.kind)
                 item.setdefault("apiVersion", r.api_version)
-                items[_key(item)] = item
+                items[_key(item)] = _slim(item)
+            body = None
             if not (meta.get("continue") or ""):
                 return items, str(meta.get("resourceVersion") or "")
 
@@ -1128,21 +1203,28 @@ class KubeApiSource:
             pages.put(err)
 
     def _replace(self, r: _Resource, items: dict[str, JSON], rv: str) -> None:
-        """Apply a complete list as one batch: set what is new or changed, delete what is gone."""
+        """Apply a complete list as one batch: set what is new or changed, delete what is gone.
+        ``items`` is emptied on the way."""
+        count = len(items)
         batch = (
             self.cluster.batch()
             if isinstance(self.cluster, GatedClusterState)
             else contextlib.nullcontext()
         )
         with batch:
-            for key, obj in items.items():
-                old = r.known.get(key)
-                if old is None or _rv_of(old) != _rv_of(obj) or not _rv_of(obj):
-                    self._set(r, obj)
+            known: dict[str, str] = {}
             gone = [k for k in r.known if k not in items]
+            for key in list(items):  # in the list's order: the first seen keeps a ClusterIP
+                # Each raw object is let go once applied: only its parsed form stays.
+                obj = items.pop(key)
+                version = _rv_of(obj)
+                if not version or r.known.get(key) != version:
+                    self._set(r, obj)
+                known[key] = version
             for key in gone:
-                self._delete(r, r.known[key])
-            r.known = items
+                namespace, _, name = key.rpartition("/")
+                self._delete(r, {"metadata": {"namespace": namespace, "name": name}})
+            r.known = known
             r.rv = rv
             r.lists += 1
             r.last_list = time.monotonic()
@@ -1150,10 +1232,10 @@ class KubeApiSource:
             log.info("%s: relist removed %d objects deleted meanwhile", r.name, len(gone))
         if not r.synced.is_set():
             r.synced.set()
-            log.info("%s: initial list complete (%d objects)", r.name, len(items))
+            log.info("%s: initial list complete (%d objects)", r.name, count)
             required = [x for x in self._resources.values() if x.required]
             if not self._synced.is_set() and all(x.synced.is_set() for x in required):
-                if not self._resources[NODES].known:
+                if self._node is None:
                     log.warning(
                         "node %s not found: rules are programmed without its zone and pod CIDR",
                         self.node_name,
@@ -1213,11 +1295,11 @@ class KubeApiSource:
         if typ in ("ADDED", "MODIFIED"):
             obj.setdefault("kind", r.kind)
             obj.setdefault("apiVersion", r.api_version)
-            r.known[_key(obj)] = obj
-            self._set(r, obj)
+            r.known[_key(obj)] = rv
+            self._set(r, _slim(obj))
         elif typ == "DELETED":
-            old = r.known.pop(_key(obj), None)
-            self._delete(r, old if old is not None else obj)
+            r.known.pop(_key(obj), None)
+            self._delete(r, obj)
         elif typ != "BOOKMARK":
             log.warning("%s: ignoring watch event of type %s", r.name, shown(typ))
             return
@@ -1233,6 +1315,7 @@ class KubeApiSource:
             self.cluster.set_service_cidr(obj)
         else:
             self._node_seen = True
+            self._node = obj
             self.cluster.set_node(obj)
 
     def _delete(self, r: _Resource, obj: Mapping[str, Any]) -> None:
@@ -1246,4 +1329,5 @@ class KubeApiSource:
             self.cluster.delete_service_cidr(name)
         else:
             # Upstream keeps the last node state too; health reports the node as going away.
+            self._node = None
             log.warning("node %s was deleted; keeping its last labels and pod CIDRs", bare(name))

@@ -1,0 +1,188 @@
+"""The EndpointSlice fast paths (a whole plain slice, a plain endpoint) agree with the general,
+field-by-field path on every input: the same object, or the same error."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kubeplex.core.model import objects
+from kubeplex.core.model.errors import InvalidObject
+
+WEIRD: list[Any] = [
+    None,
+    "",
+    "a",
+    "web",
+    "Web",
+    "web-",
+    "a" * 64,
+    "a" * 254,
+    "a.b",
+    "web\n",
+    "IPv4",
+    "IPv6",
+    "FQDN",
+    "TCP",
+    "UDP",
+    "SCTP",
+    "tcp",
+    "10.0.0.1",
+    "10.0.0.01",
+    " 10.0.0.2",
+    "::1",
+    "fe80::1%eth0",
+    "2001:DB8::1",
+    0,
+    1,
+    80,
+    65535,
+    65536,
+    -1,
+    True,
+    False,
+    1.5,
+    [],
+    [None],
+    [{}],
+    {},
+    {"name": "zone-a"},
+    [{"name": "zone-a"}],
+    [{"name": "bad zone"}],
+]
+
+#: Where a value may be replaced: a path into the slice (str keys, int indexes).
+PATHS: list[tuple[Any, ...]] = [
+    ("metadata",),
+    ("metadata", "name"),
+    ("metadata", "namespace"),
+    ("metadata", "labels"),
+    ("metadata", "labels", "kubernetes.io/service-name"),
+    ("metadata", "annotations"),
+    ("metadata", "annotations", "endpoints.kubernetes.io/last-change-trigger-time"),
+    ("addressType",),
+    ("ports",),
+    ("ports", 0),
+    ("ports", 0, "name"),
+    ("ports", 0, "port"),
+    ("ports", 0, "protocol"),
+    ("ports", 1, "name"),
+    ("endpoints",),
+    ("endpoints", 0),
+    ("endpoints", 0, "addresses"),
+    ("endpoints", 0, "addresses", 0),
+    ("endpoints", 0, "conditions"),
+    ("endpoints", 0, "conditions", "ready"),
+    ("endpoints", 0, "conditions", "serving"),
+    ("endpoints", 0, "conditions", "terminating"),
+    ("endpoints", 0, "nodeName"),
+    ("endpoints", 1, "zone"),
+    ("endpoints", 1, "hints"),
+    ("endpoints", 1, "hints", "forZones"),
+    ("endpoints", 1, "hints", "forNodes"),
+]
+
+
+def base() -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "web-abc",
+            "namespace": "default",
+            "labels": {"kubernetes.io/service-name": "web"},
+            "annotations": {
+                "endpoints.kubernetes.io/last-change-trigger-time": "2025-06-01T12:00:00Z"
+            },
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "dns", "port": 53}],
+        "endpoints": [
+            {
+                "addresses": ["10.0.0.1"],
+                "conditions": {"ready": True, "serving": True, "terminating": False},
+                "nodeName": "node-a",
+            },
+            {
+                "addresses": ["10.0.0.2"],
+                "zone": "zone-a",
+                "hints": {"forZones": [{"name": "zone-a"}], "forNodes": [{"name": "node-a"}]},
+            },
+        ],
+    }
+
+
+def put(obj: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    here: Any = out
+    for step in path[:-1]:
+        try:
+            here = here[step]
+        except (KeyError, IndexError, TypeError):
+            return out
+    with contextlib.suppress(IndexError, TypeError):
+        here[path[-1]] = value
+    return out
+
+
+def outcome(parse: Callable[[Any], Any], obj: Any) -> Any:
+    try:
+        return parse(obj)
+    except InvalidObject as err:
+        return ("error", str(err), err.details)
+
+
+def general(obj: Any) -> Any:
+    """parse_endpoint_slice with both fast paths off: every field checked by name."""
+    saved = objects._plain_slice, objects._plain_endpoint
+    objects._plain_slice = lambda _obj: None  # type: ignore[assignment]
+    objects._plain_endpoint = lambda _raw, _type: None  # type: ignore[assignment]
+    try:
+        return objects.parse_endpoint_slice(obj)
+    finally:
+        objects._plain_slice, objects._plain_endpoint = saved
+
+
+def test_the_plain_slice_takes_the_fast_path() -> None:
+    assert objects._plain_slice(base()) is not None
+    assert objects._plain_slice(base()) == objects.parse_endpoint_slice(base())
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(PATHS), st.sampled_from(WEIRD)), min_size=1, max_size=3))
+def test_fast_and_general_paths_agree(changes: list[tuple[tuple[Any, ...], Any]]) -> None:
+    obj = base()
+    for path, value in changes:
+        obj = put(obj, path, value)
+    assert outcome(objects.parse_endpoint_slice, obj) == outcome(general, obj)
+
+
+@pytest.mark.parametrize("family", ["IPv4", "IPv6"])
+def test_fast_and_general_paths_agree_on_each_change(family: str) -> None:
+    start = base()
+    if family == "IPv6":
+        start["addressType"] = "IPv6"
+        for i, endpoint in enumerate(start["endpoints"]):
+            endpoint["addresses"] = [f"fd00::{i + 1}"]
+    for path in PATHS:
+        for value in WEIRD:
+            obj = put(start, path, value)
+            assert outcome(objects.parse_endpoint_slice, obj) == outcome(general, obj), (
+                path,
+                value,
+            )
+
+
+def test_names_remembered_as_valid_never_let_an_invalid_one_through() -> None:
+    long_node = "n" * 300  # a valid nodeName pattern, too long for an object name
+    obj = base()
+    obj["endpoints"][0]["nodeName"] = long_node
+    assert objects.parse_endpoint_slice(obj).endpoints[0].node_name == long_node
+    obj = base()
+    obj["metadata"]["name"] = long_node
+    with pytest.raises(InvalidObject, match=r"metadata\.name"):
+        objects.parse_endpoint_slice(obj)
