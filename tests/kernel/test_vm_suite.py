@@ -14,6 +14,7 @@ import shutil
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,8 +56,10 @@ def junit_outcomes(path: Path) -> list[Outcome]:
 
 @pytest.fixture
 def report_dir() -> Iterator[Path]:
-    """A folder in the project (so the guest writes where the host reads), removed after."""
-    path = Path(tempfile.mkdtemp(prefix=".vm-suite-", dir=REPO))
+    """A folder in the project's (ignored) build/ (so the guest writes where the host reads),
+    removed after."""
+    (REPO / "build").mkdir(exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="vm-suite-", dir=REPO / "build"))
     try:
         yield path
     finally:
@@ -79,12 +82,14 @@ def test_guest_suite_passes_in_one_boot(
     tail = text[-4000:]
     boot = f"{result.boot_seconds:.1f} s" if result.boot_seconds is not None else "-"
     ran = f"{result.command_seconds:.1f} s" if result.command_seconds is not None else "-"
+    outcomes = junit_outcomes(junit) if junit.exists() else []
+    tally = ", ".join(f"{n} {st}" for st, n in sorted(Counter(o.state for o in outcomes).items()))
     with capsys.disabled():
-        print(f"\nvm suite: kernel {result.release}, boot {boot}, guest tests {ran}")
-    assert not result.timed_out, f"{result.message}\n{tail}\n--- console:\n{result.log_tail}"
-    assert result.message is None, f"{result.message}\n{tail}\n--- console:\n{result.log_tail}"
+        print(f"\nvm suite: kernel {result.release}, boot {boot}, guest tests {ran} ({tally})")
+    console = f"\n--- end of the guest console:\n{result.log_tail}"
+    assert not result.timed_out, f"{result.message}\n{tail}{console}"
+    assert result.message is None, f"{result.message}\n{tail}{console}"
     assert junit.exists(), f"no junit report (status {result.returncode}):\n{tail}"
-    outcomes = junit_outcomes(junit)
     bad = [o for o in outcomes if o.state in ("failed", "error")]
     assert not bad, "guest tests failed:\n" + "\n".join(
         f"  {o.state}: {o.name}: {o.message[:500]}" for o in bad
