@@ -43,11 +43,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.util
 import json
 import logging
 import queue
 import random
 import re
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -56,9 +58,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import kubernetes.client as k8s
-import kubernetes.config as k8s_config
-from kubernetes.client.exceptions import ApiException
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -72,6 +71,28 @@ from kubeplex.core.model.cluster import ClusterState, ErrorSink
 from kubeplex.core.model.errors import InvalidObject, KubeplexError, bare, clip, shown
 from kubeplex.core.model.graph import ProxyState
 from kubeplex.core.model.types import IPFamily
+
+
+def _register_packages_bare(*names: str) -> None:
+    """Register the packages ``names`` without running their ``__init__``, unless imported
+    already: ``kubernetes/__init__`` imports every part of the client (the dynamic client
+    and its schema validation, streams, leader election, informers) and
+    ``kubernetes/config/__init__`` both config loaders with OAuth, 0.1-0.2 s at each start,
+    where kubeplex uses the REST client and one loader. Their submodules import as usual."""
+    for name in names:
+        if name in sys.modules:
+            continue
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.submodule_search_locations is None:
+            return  # not a package here: the imports below fail or work as they would
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+
+
+_register_packages_bare("kubernetes", "kubernetes.config")
+
+import kubernetes.client as k8s  # noqa: E402
+from kubernetes.client.exceptions import ApiException  # noqa: E402
+from kubernetes.config.config_exception import ConfigException  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -117,20 +138,25 @@ def load_client_configuration(cc: ClientConnectionConfiguration) -> Any:
     """
     conf = k8s.Configuration()
     if cc.kubeconfig:
+        # Only this loader (and its OAuth and exec plugin support) is imported, when used.
+        from kubernetes.config.kube_config import load_kube_config
+
         try:
-            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=cc.kubeconfig, client_configuration=conf, persist_config=False
             )
-        except (k8s_config.ConfigException, OSError, ValueError, TypeError) as err:
+        except (ConfigException, OSError, ValueError, TypeError) as err:
             raise KubeplexError(
                 f"clientConnection.kubeconfig {cc.kubeconfig}: cannot load: {err}"
             ) from err
     else:
+        from kubernetes.config.incluster_config import load_incluster_config
+
         try:
-            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+            load_incluster_config(  # type: ignore[no-untyped-call]
                 client_configuration=conf
             )
-        except k8s_config.ConfigException as err:
+        except ConfigException as err:
             raise KubeplexError(
                 "no Kubernetes API to talk to: clientConnection.kubeconfig is empty and this is "
                 f"not a pod with a service account ({err}); set clientConnection.kubeconfig in "
