@@ -16,15 +16,25 @@ each file:
 libyaml (CSafeLoader) parses files without anchors as before; only a file with an ``&`` goes
 through the guarded path that measures the node graph (each shared node once) before building
 the Python objects.
+
+A file without anchors is first built straight from libyaml's events (:func:`_load_plain`):
+CSafeLoader spends most of its time composing a node per value and resolving each plain
+scalar through Python calls, a third of a second per megabyte of an API dump. That path takes
+only what it can build exactly as CSafeLoader would (strings, plain null, bool and decimal
+int scalars resolved by CSafeLoader's own resolver table, mappings with simple keys, sequences,
+no tags, no aliases) and hands anything else, errors included, to CSafeLoader.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import yaml
+from yaml import events as _events
+from yaml.resolver import Resolver as _Resolver
 
 MAX_FILE_BYTES = 64 * 2**20
 MAX_DEPTH = 100
@@ -88,12 +98,132 @@ def _load_json(text: str) -> Any:
 
 
 def _load_yaml(text: str) -> list[Any]:
+    docs = _load_plain(text)
+    if docs is not None:
+        return docs
     try:
         return list(yaml.load_all(text, Loader=_Loader))
     except yaml.YAMLError as err:
         raise ManifestFileError(_yaml_problem(err)) from None
     except RecursionError:
         raise ManifestFileError(_too_deep()) from None
+
+
+# ------------------------------------------------------------------ YAML from libyaml's events
+
+_CParser: Any = getattr(getattr(yaml, "_yaml", None), "CParser", None)
+_SCALAR, _MAP, _SEQ, _END, _SKIP = range(5)
+_EVENT_KINDS: dict[type, int] = {
+    _events.ScalarEvent: _SCALAR,
+    _events.MappingStartEvent: _MAP,
+    _events.SequenceStartEvent: _SEQ,
+    _events.MappingEndEvent: _END,
+    _events.SequenceEndEvent: _END,
+    _events.StreamStartEvent: _SKIP,
+    _events.DocumentStartEvent: _SKIP,
+    _events.DocumentEndEvent: _SKIP,
+    _events.StreamEndEvent: _SKIP,
+}
+_STR = "tag:yaml.org,2002:str"
+_BOOLS = {"yes": True, "no": False, "true": True, "false": False, "on": True, "off": False}
+_DECIMAL = re.compile(r"[-+]?(?:0|[1-9][0-9]*)\Z")
+_NO_KEY = object()
+_MISSING = object()
+
+
+class _Unusual(Exception):
+    """Something the event path does not build itself: CSafeLoader does it."""
+
+
+def _plain_scalar(value: str) -> Any:
+    """A plain scalar as CSafeLoader makes it: its Resolver's implicit table picks the tag,
+    SafeConstructor's conversion for str, null, bool and decimal int (others are _Unusual)."""
+    table = _Resolver.yaml_implicit_resolvers
+    candidates = table.get(value[0] if value else "", []) + table.get(None, [])  # type: ignore[call-overload]
+    tag = _STR
+    for candidate, pattern in candidates:
+        if pattern.match(value):
+            tag = candidate
+            break
+    if tag == _STR:
+        return value
+    if tag == "tag:yaml.org,2002:null":
+        return None
+    if tag == "tag:yaml.org,2002:bool":
+        return _BOOLS[value.lower()]
+    if tag == "tag:yaml.org,2002:int" and _DECIMAL.match(value):
+        return int(value)
+    raise _Unusual(tag)
+
+
+def _load_plain(text: str) -> list[Any] | None:
+    """The documents of ``text`` built from libyaml's events, exactly as CSafeLoader builds
+    them; None when the text holds anything this does not build (or is not valid YAML)."""
+    if _CParser is None:
+        return None
+    parser = _CParser(text)
+    try:
+        return _build(parser.get_event)
+    except Exception:  # _Unusual, or a YAML error: CSafeLoader parses it again and says so
+        return None
+    finally:
+        parser.dispose()
+
+
+class _Mapping:
+    """An open mapping and the key waiting for its value (_NO_KEY: none)."""
+
+    __slots__ = ("data", "key")
+
+    def __init__(self, data: dict[Any, Any]) -> None:
+        self.data = data
+        self.key: Any = _NO_KEY
+
+
+def _build(next_event: Any) -> list[Any]:
+    docs: list[Any] = []
+    stack: list[Any] = []  # the open containers: a list, or a _Mapping
+    seen: dict[str, Any] = {}  # plain scalars resolved so far: a dump repeats most of them
+    kinds = _EVENT_KINDS
+    while True:
+        event = next_event()
+        kind = kinds.get(type(event))
+        if kind is None:  # an alias
+            raise _Unusual(type(event).__name__)
+        if kind == _SKIP:
+            if type(event) is _events.StreamEndEvent:
+                return docs
+            continue
+        if kind == _END:
+            stack.pop()
+            continue
+        if event.anchor is not None or event.tag is not None:
+            raise _Unusual("anchor or tag")
+        if kind == _SCALAR:
+            value = event.value
+            if event.implicit[0]:  # plain: resolved; quoted or block: a string
+                got = seen.get(value, _MISSING)
+                if got is _MISSING:
+                    got = seen[value] = _plain_scalar(value)
+                value = got
+            container = None
+        else:
+            value = container = {} if kind == _MAP else []
+        if not stack:
+            docs.append(value)
+        else:
+            top = stack[-1]
+            if type(top) is list:
+                top.append(value)
+            elif top.key is _NO_KEY:
+                if container is not None:
+                    raise _Unusual("a mapping or sequence as a key")
+                top.key = value
+            else:
+                top.data[top.key] = value
+                top.key = _NO_KEY
+        if container is not None:
+            stack.append(container if kind == _SEQ else _Mapping(container))
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
