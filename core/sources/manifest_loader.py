@@ -139,7 +139,7 @@ def _plain_scalar(value: str) -> Any:
     """A plain scalar as CSafeLoader makes it: its Resolver's implicit table picks the tag,
     SafeConstructor's conversion for str, null, bool and decimal int (others are _Unusual)."""
     table = _Resolver.yaml_implicit_resolvers
-    candidates = table.get(value[0] if value else "", []) + table.get(None, [])  # type: ignore[call-overload]
+    candidates = table.get(value[0] if value else "", []) + table.get(None, [])
     tag = _STR
     for candidate, pattern in candidates:
         if pattern.match(value):
@@ -185,6 +185,7 @@ def _build(next_event: Any) -> list[Any]:
     stack: list[Any] = []  # the open containers: a list, or a _Mapping
     seen: dict[str, Any] = {}  # plain scalars resolved so far: a dump repeats most of them
     kinds = _EVENT_KINDS
+    container: Any
     while True:
         event = next_event()
         kind = kinds.get(type(event))
