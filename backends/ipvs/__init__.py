@@ -142,6 +142,7 @@ class IpvsBackend(FamilyBackend[DesiredRenderer, IpvsBackendRendered]):
     mode = "ipvs"
     capabilities = frozenset(
         {
+            "binds-service-ips",
             "ipv6",
             "load-balancer-source-ranges",
             "reject-unused-clusterip-ports",

@@ -109,10 +109,10 @@ BEHAVIOURS: dict[str, Behaviour] = {
         node_wide=True,
     ),
     "binds-service-ips": Behaviour(
-        "the Service IPs are bound to an interface of the node: every port of a ClusterIP "
-        "answers, and the node's sockets listening on every address are reachable through it",
-        "the Service IPs are no longer bound to an interface of the node: only the Services' "
-        "own ports answer on a ClusterIP",
+        "the Service IPs are bound to a link of the node as its own addresses: they show in "
+        "`ip addr`, and the node answers ARP for them unless strict ARP is configured",
+        "the Service IPs are no longer bound to a link of the node: they leave `ip addr`, "
+        "and the node no longer answers ARP for them",
         _has(CLUSTER_IP),
         node_wide=True,
     ),

@@ -21,6 +21,7 @@ PLATFORMS = ("linux", "windows")
 #: may declare others; these are the ones the core and the conformance kit act on.
 KNOWN_CAPABILITIES = frozenset(
     {
+        "binds-service-ips",
         "dsr",
         "ipv6",
         "load-balancer-source-ranges",
