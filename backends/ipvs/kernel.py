@@ -1,10 +1,11 @@
 """The node's IPVS, dummy link, ipsets and iptables: the real ``IpvsSeam``.
 
-Everything on the data path is netlink, encoded with pyroute2's message classes: IPVS (generic
-netlink), the ``kube-ipvs0`` link and its addresses (rtnetlink), ipsets (nfnetlink); no
-``ipvsadm`` or ``ipset`` process. The iptables rules go through the netfilter library's
-``Iptables`` (iptables-restore). One socket per protocol, opened at first use (a render never
-opens one) inside ``netns``, and kept.
+Everything on the data path is netlink: IPVS (generic netlink), the ``kube-ipvs0`` link and its
+addresses (rtnetlink), ipsets (nfnetlink); no ``ipvsadm`` or ``ipset`` process. A sync's writes
+are packed by netlink.py (byte for byte as pyroute2 would, at a fraction of the cost); dumps,
+the link and the family and protocol lookups use pyroute2's message classes. The iptables
+rules go through the netfilter library's ``Iptables`` (iptables-restore). One socket per
+protocol, opened at first use (a render never opens one) inside ``netns``, and kept.
 
 Writes are pipelined: the operations bound for one socket are sent in windows of
 ``WINDOW`` requests without waiting for each answer, then the acknowledgements are read (the
@@ -26,7 +27,7 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
-from kubeplex.backends.ipvs import ipsets
+from kubeplex.backends.ipvs import ipsets, netlink
 from kubeplex.backends.ipvs.plan import (
     DUMMY_LINK,
     Connections,
@@ -93,7 +94,10 @@ class NetlinkSocket:
         self.sock.close()
 
     def _encode(self, msg: Any, msg_type: int, flags: int) -> tuple[int, bytes]:
+        """``msg``: a pyroute2 message, or a payload packed by netlink.py."""
         self.seq += 1
+        if isinstance(msg, bytes):
+            return self.seq, netlink.frame(msg, msg_type, flags, self.seq)
         msg["header"]["type"] = msg_type
         msg["header"]["flags"] = flags
         msg["header"]["sequence_number"] = self.seq
@@ -230,62 +234,6 @@ class IpvsKernel:
             ("IPVS_SVC_ATTR_PORT", key.port),
         ]
 
-    def _service_attrs(self, vs: VirtualServer, family: IPFamily) -> Any:
-        flags = F_PERSISTENT if vs.persistence else 0
-        for f in vs.flags:
-            flags |= _SCHED_FLAGS[f]
-        # IPv4: the persistence netmask; IPv6: the prefix length, in the same 4 bytes.
-        netmask = "128.0.0.0" if family is IPFamily.IPv6 else "255.255.255.255"
-        return {
-            "attrs": [
-                *self._service_key(vs.key, family),
-                ("IPVS_SVC_ATTR_SCHED_NAME", vs.scheduler),
-                ("IPVS_SVC_ATTR_FLAGS", {"flags": flags, "mask": 0xFFFF}),
-                ("IPVS_SVC_ATTR_TIMEOUT", vs.persistence),
-                ("IPVS_SVC_ATTR_NETMASK", netmask),
-            ]
-        }
-
-    @staticmethod
-    def _dest_attrs(real: RealServer, family: IPFamily, full: bool = True) -> Any:
-        attrs: list[Any] = [
-            ("IPVS_DEST_ATTR_ADDR_FAMILY", _af(family)),
-            ("IPVS_DEST_ATTR_ADDR", real.key.address),
-            ("IPVS_DEST_ATTR_PORT", real.key.port),
-        ]
-        if full:
-            attrs += [
-                ("IPVS_DEST_ATTR_FWD_METHOD", FWD_MASQ),
-                ("IPVS_DEST_ATTR_WEIGHT", real.weight),
-                ("IPVS_DEST_ATTR_U_THRESH", 0),
-                ("IPVS_DEST_ATTR_L_THRESH", 0),
-            ]
-        return {"attrs": attrs}
-
-    def _ipvs_request(self, op: Op, family: IPFamily) -> Any:
-        from pyroute2.netlink.generic import ipvs as g
-
-        k = op.kind
-        if k in ("add-service", "edit-service"):
-            assert op.service is not None
-            cmd = g.IPVS_CMD_NEW_SERVICE if k == "add-service" else g.IPVS_CMD_SET_SERVICE
-            return self._ipvs_msg(
-                cmd, [("IPVS_CMD_ATTR_SERVICE", self._service_attrs(op.service, family))]
-            )
-        key = op.key if op.key is not None else op.service.key if op.service else None
-        assert key is not None
-        svc = ("IPVS_CMD_ATTR_SERVICE", {"attrs": self._service_key(key, family)})
-        if k == "del-service":
-            return self._ipvs_msg(g.IPVS_CMD_DEL_SERVICE, [svc])
-        assert op.real is not None
-        cmd = {
-            "add-real": g.IPVS_CMD_NEW_DEST,
-            "edit-real": g.IPVS_CMD_SET_DEST,
-            "del-real": g.IPVS_CMD_DEL_DEST,
-        }[k]
-        dest = self._dest_attrs(op.real, family, full=k != "del-real")
-        return self._ipvs_msg(cmd, [svc, ("IPVS_CMD_ATTR_DEST", dest)])
-
     def _services(self, family: IPFamily) -> list[Any]:
         from pyroute2.netlink.generic import ipvs as g
 
@@ -418,19 +366,6 @@ class IpvsKernel:
             raise BackendError(f"ip link del {DUMMY_LINK}: {os.strerror(code)}")
         return not code
 
-    def _address_request(self, op: Op, index: int) -> tuple[Any, int, int]:
-        from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
-
-        ip = ipaddress.ip_address(op.address)
-        msg = ifaddrmsg()
-        msg["family"] = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-        msg["prefixlen"] = ip.max_prefixlen
-        msg["index"] = index
-        msg["attrs"] = [("IFA_LOCAL", str(ip)), ("IFA_ADDRESS", str(ip))]
-        if op.kind == "add-address":
-            return msg, RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL
-        return msg, RTM_DELADDR, 0
-
     def _addresses(self) -> list[tuple[int, str]]:
         """(link index, address) of every address on the node."""
         from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
@@ -487,37 +422,6 @@ class IpvsKernel:
             )
             got = self._revisions[(kind, family)] = int(reply.get_attr("IPSET_ATTR_REVISION"))
         return got
-
-    def _ipset_request(self, op: Op) -> tuple[Any, int, int]:
-        from pyroute2.netlink.nfnetlink import ipset as s
-
-        spec = op.ipset
-        assert spec is not None
-        fam = _af(spec.family)
-        name = ("IPSET_ATTR_SETNAME", spec.name)
-        if op.kind == "create-set":
-            if spec.kind.startswith("bitmap:"):
-                data = [("IPSET_ATTR_PORT_FROM", 0), ("IPSET_ATTR_PORT_TO", 65535)]
-            else:
-                data = [("IPSET_ATTR_HASHSIZE", 1024), ("IPSET_ATTR_MAXELEM", 65536)]
-            msg = self._ipset_msg(
-                [
-                    name,
-                    ("IPSET_ATTR_TYPENAME", spec.kind),
-                    ("IPSET_ATTR_REVISION", self._revision(spec.kind, fam)),
-                    ("IPSET_ATTR_FAMILY", fam),
-                    ("IPSET_ATTR_DATA", {"attrs": data}),
-                ],
-                fam,
-            )
-            return msg, (NFNL_SUBSYS_IPSET << 8) | s.IPSET_CMD_CREATE, NLM_F_EXCL
-        if op.kind == "destroy-set":
-            msg = self._ipset_msg([name], fam)
-            return msg, (NFNL_SUBSYS_IPSET << 8) | s.IPSET_CMD_DESTROY, 0
-        data = entry_attrs(spec, op.entry)
-        msg = self._ipset_msg([name, ("IPSET_ATTR_DATA", {"attrs": data})], fam)
-        cmd = s.IPSET_CMD_ADD if op.kind == "add-entry" else s.IPSET_CMD_DEL
-        return msg, (NFNL_SUBSYS_IPSET << 8) | cmd, NLM_F_EXCL
 
     def list_sets(self, family: IPFamily) -> tuple[dict[str, IpsetSpec], dict[str, frozenset[str]]]:
         """The mode's sets of ``family`` (by name) and their entries."""
@@ -615,13 +519,23 @@ class IpvsKernel:
                 if index is None:
                     raise BackendError(f"{batch[0]}: Cannot find device {DUMMY_LINK!r}")
                 sock = self._sock(NETLINK_ROUTE)
-                reqs = [self._address_request(o, index) for o in batch]
+                reqs = [netlink.address_request(o, index) for o in batch]
             elif group == "ipset":
                 sock = self._sock(NETLINK_NETFILTER)
-                reqs = [self._ipset_request(o) for o in batch]
+                proto = self._ipset_protocol()
+                reqs = [
+                    netlink.ipset_request(
+                        o,
+                        proto,
+                        self._revision(o.ipset.kind, _af(o.ipset.family))
+                        if o.kind == "create-set" and o.ipset is not None
+                        else 0,
+                    )
+                    for o in batch
+                ]
             else:
                 sock, fid = self._ipvs()
-                reqs = [(self._ipvs_request(o, family), fid, _ipvs_flags(o)) for o in batch]
+                reqs = [(netlink.ipvs_payload(o), fid, netlink.ipvs_flags(o)) for o in batch]
             codes = sock.requests(reqs)
             sent += len(reqs)
             self.requests_sent += len(reqs)
@@ -671,10 +585,6 @@ def _group(kind: str) -> str:
     return "ipvs"
 
 
-def _ipvs_flags(op: Op) -> int:
-    return NLM_F_CREATE | NLM_F_EXCL if op.kind in ("add-service", "add-real") else 0
-
-
 _IPVS_ERRORS = {
     errno.EEXIST: "already exists",
     errno.ESRCH: "No such service",
@@ -700,28 +610,6 @@ def _strerror(group: str, code: int) -> str:
 
 
 # --- ipset entries: text <-> attributes -------------------------------------------------------
-
-
-def _ip_attr(ip: str) -> Any:
-    v = "IPSET_ATTR_IPADDR_IPV6" if ":" in ip else "IPSET_ATTR_IPADDR_IPV4"
-    return {"attrs": [(v, ip)]}
-
-
-def entry_attrs(spec: IpsetSpec, entry: str) -> list[Any]:
-    """An entry in ipset's syntax (``10.96.0.10,tcp:80``) as the ADT data attributes."""
-    if spec.kind == "bitmap:port":
-        return [("IPSET_ATTR_PORT", int(entry))]
-    parts = entry.split(",")
-    attrs: list[Any] = [("IPSET_ATTR_IP", _ip_attr(parts[0]))]
-    if len(parts) > 1:
-        proto, _, port = parts[1].partition(":")
-        attrs += [("IPSET_ATTR_PORT", int(port)), ("IPSET_ATTR_PROTO", _NAME_PROTO[proto])]
-    if len(parts) > 2:
-        ip2, _, cidr = parts[2].partition("/")
-        attrs.append(("IPSET_ATTR_IP2", _ip_attr(ip2)))
-        if spec.kind == "hash:ip,port,net":
-            attrs.append(("IPSET_ATTR_CIDR2", int(cidr) if cidr else 32 if ":" not in ip2 else 128))
-    return attrs
 
 
 def _ip_of(nested: Any) -> str:
