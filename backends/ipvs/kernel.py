@@ -347,7 +347,9 @@ class IpvsKernel:
         ]
         self.requests_sent += 1
         code = self._sock(NETLINK_ROUTE).request(msg, RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL)
-        if code:
+        # Both families' plans ensure the one link (as upstream's EnsureDummyDevice): the
+        # first made it.
+        if code and code != errno.EEXIST:
             raise BackendError(f"ip link add {DUMMY_LINK} type dummy: {os.strerror(code)}")
         self._link_index = None
 

@@ -188,7 +188,8 @@ class Op:
 
     Fields by kind: ``service`` for *-service; ``key`` + ``real`` for *-real (``real`` holds
     the new weight for edit-real, the old server for del-real); ``address`` for *-address;
-    ``ipset`` (+ ``entry``) for the set kinds; nothing for add-link.
+    ``ipset`` (+ ``entry``) for the set kinds; nothing for add-link, which ensures the one
+    link both families share (a link that exists is no error).
     """
 
     kind: OpKind

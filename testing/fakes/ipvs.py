@@ -215,8 +215,7 @@ class FakeIpvs:
         if op.family is not family:
             raise _Refused(f"operation of {op.family.value} sent as {family.value}")
         if k == "add-link":
-            if self.link:
-                raise _Refused("RTNETLINK answers: File exists")
+            # Ensures the one link both families share (the kernel seam takes "exists").
             self.link = True
         elif k in ("add-address", "del-address"):
             self._address(family, k, op.address)
