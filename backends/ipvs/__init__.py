@@ -42,7 +42,10 @@ from kubeplex.backends.ipvs.plan import (
 from kubeplex.backends.ipvs.reconcile import Held, Ownership, empty, reconcile
 from kubeplex.backends.ipvs.settings import IpvsSettings, ipvs_settings
 from kubeplex.backends.ipvs.termination import Real, Terminating
-from kubeplex.backends.netfilter.iptables import SavedRuleset, tool
+from kubeplex.backends.netfilter.artifacts import describe as describe_chains
+from kubeplex.backends.netfilter.artifacts import find as find_chains
+from kubeplex.backends.netfilter.artifacts import removal
+from kubeplex.backends.netfilter.iptables import SavedRuleset
 from kubeplex.core.dataplane.backend import (
     BackendContext,
     CleanupReport,
@@ -446,37 +449,16 @@ def _artifacts(
             lines.append(line)
     addresses = tuple(sorted(state.addresses))
     lines += [f"address {a} on {DUMMY_LINK}" for a in addresses]
-    cmd = tool(fam)
-    text: list[str] = []
-    for table, chains in (("nat", rules.NAT_CHAINS), ("filter", rules.FILTER_CHAINS)):
-        have = saved.chains.get(table, set())
-        mine = sorted(c for c in chains if c in have and f"{cmd} {table} chain {c}" not in keep)
-        jumps = [
-            r
-            for r in saved.rules.get(table, [])
-            if r.split()[1] not in mine
-            and r.split()[-1] in mine
-            and " -j " in r
-            and f"{cmd} {table} jump {r.split()[1]} -> {r.split()[-1]}" not in keep
-        ]
-        if not mine and not jumps:
-            continue
-        lines += [f"{cmd} {table} chain {c}" for c in mine]
-        lines += [f"{cmd} {table} jump {r.split()[1]} -> {r.split()[-1]}" for r in jumps]
-        text.append(f"*{table}")
-        text += [f":{c} - [0:0]" for c in mine]
-        text += [r.replace("-A ", "-D ", 1) for r in jumps]
-        text += [f"-X {c}" for c in mine]
-        text.append("COMMIT")
+    chains = {"nat": frozenset(rules.NAT_CHAINS), "filter": frozenset(rules.FILTER_CHAINS)}
+    found = find_chains(saved, fam, lambda table, c: c in chains[table], keep, chains)
+    lines += describe_chains(fam, found)
     sets = tuple(
         state.ipsets[n]
         for n in sorted(state.ipsets)
         if ipsets.is_ours(n) and f"ipset {n}" not in keep
     )
     lines += [f"ipset {s.name}" for s in sets]
-    return _Artifacts(
-        tuple(services), addresses, sets, "\n".join(text) + "\n" if text else "", tuple(lines)
-    )
+    return _Artifacts(tuple(services), addresses, sets, removal(found), tuple(lines))
 
 
 def _contribution(renderer: DesiredRenderer, spn: ServicePortName) -> Any:
