@@ -126,6 +126,7 @@ def port_states(
     order; None if the mode cannot read its kernel back."""
     spns = sorted(set(spns))
     expected = expectations_of(cfg, state, backend.mode, spns)
+    backend.render(state)  # what inspect reads against (the contract's note); nothing is sent
     views = read_kernel(backend, spns)
     if views is None:
         return None

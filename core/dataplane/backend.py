@@ -273,7 +273,11 @@ class Backend(ABC):
 
     def inspect(self, service_port: ServicePortName) -> list[ProgrammedService] | None:
         """What the kernel holds for ``service_port``, one entry per IP family that has
-        anything of it (empty: nothing programmed). None: this backend cannot read it back."""
+        anything of it (empty: nothing programmed). None: this backend cannot read it back.
+
+        Callers render the cluster state first (pure: nothing is sent), so a backend whose
+        kernel objects are not named after the Service (IPVS keys them by address and port)
+        knows which objects are the Service's."""
         return None
 
     def metric_families(self) -> Sequence[MetricFamily]:
