@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
+import subprocess
 from pathlib import Path
 
 from kubeplex.core.cli.shared import (
@@ -40,9 +42,41 @@ def add_parser(sub: Subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--netns", help="write the keys of this network namespace (a name in /run/netns or a path)"
     )
+    p.add_argument(
+        "--load-module",
+        action="append",
+        default=[],
+        dest="modules",
+        metavar="MODULE",
+        type=module_name,
+        help="load this kernel module first (repeatable): some keys exist only once their "
+        "module is loaded, e.g. ip_vs for net.ipv4.vs.*",
+    )
     add_verbosity_option(p)
     add_plugins_option(p)
     return p
+
+
+def module_name(text: str) -> str:
+    """``--load-module NAME``: a kernel module name as modprobe takes it."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: not a kernel module name")
+    return text
+
+
+def load_modules(modules: list[str]) -> None:
+    """``modprobe`` each module (already loaded or built in: nothing happens)."""
+    for name in modules:
+        try:
+            proc = subprocess.run(
+                ["modprobe", "--", name], capture_output=True, text=True, check=False
+            )
+        except OSError as err:
+            raise KubeplexError(f"cannot load kernel module {name}: {err}") from err
+        if proc.returncode != 0:
+            why = " ".join(proc.stderr.split()) or f"modprobe exited {proc.returncode}"
+            raise KubeplexError(f"cannot load kernel module {name}: {why}")
+        log.info("loaded kernel module %s", name)
 
 
 def sysctl_assignment(text: str) -> tuple[str, int]:
@@ -72,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
     from kubeplex.core.daemon import sysctls
 
     cfg = load_config(args.config, known_modes=plugins.known_modes())
+    load_modules(args.modules)
     settings = sysctls.conntrack_settings(cfg.conntrack)
     settings += [sysctls.SysctlSetting(key, value, "--set") for key, value in args.sysctls]
     try:

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from kubeplex.core.cli import main as cli
+from kubeplex.core.cli import sysctls as sysctls_command
 from kubeplex.core.config.kubeproxy import DEFAULT_KNOWN_MODES, parse_config
 from kubeplex.core.daemon import sysctls
 
@@ -513,15 +514,18 @@ def init_container(chart: helm.Chart, values: dict[str, Any]) -> dict[str, Any] 
     # The image's kubeplex entry, as the proxy runs it: no inline program.
     assert init["command"] == container(objects)["command"]
     assert init["securityContext"] == {"privileged": True}
-    assert init["volumeMounts"] == [
-        {"name": "config", "mountPath": str(Path(CONFIG_PATH).parent), "readOnly": True}
-    ]
+    config_mount = {"name": "config", "mountPath": str(Path(CONFIG_PATH).parent), "readOnly": True}
+    # In ipvs mode it loads ip_vs first (the net.ipv4.vs keys appear with it), from the node's
+    # modules.
+    modules = [{"name": "lib-modules", "mountPath": "/lib/modules", "readOnly": True}]
+    ipvs = values.get("mode") == "ipvs"
+    assert init["volumeMounts"] == [config_mount, *(modules if ipvs else [])]
     return dict(init)
 
 
 def set_arguments(init: dict[str, Any]) -> list[str]:
     """The "NAME=VALUE" of each ``--set`` the init container passes to ``kubeplex sysctls``."""
-    args: list[str] = init["args"]
+    args: list[str] = [a for a in init["args"] if not a.startswith("--load-module=")]
     assert args[:2] == ["sysctls", f"--config={CONFIG_PATH}"]
     assert all(arg.startswith("--set=") for arg in args[2:]), args
     return [arg.removeprefix("--set=") for arg in args[2:]]
@@ -612,6 +616,33 @@ def test_sysctl_init_container_follows_the_values(
     assert read_sysctl(proc_sys, "net.netfilter.nf_conntrack_tcp_be_liberal") == 1
     assert read_sysctl(proc_sys, "net.netfilter.nf_conntrack_udp_timeout") == 60
     assert read_sysctl(proc_sys, "net.ipv4.ip_forward") == 1
+
+
+def test_sysctl_init_container_sets_what_the_ipvs_proxier_would(
+    chart: helm.Chart,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    loaded: list[list[str]] = []
+    monkeypatch.setattr(sysctls_command, "load_modules", loaded.append)
+    values = {"mode": "ipvs", "config": {"ipvs": {"strictARP": True, "scheduler": "wrr"}}}
+    settings, proc_sys = run_init_container(chart, values, tmp_path, monkeypatch, capsys)
+    assert loaded == [["ip_vs", "ip_vs_wrr"]]
+    assert settings == [
+        "net.ipv4.conf.all.arp_announce=2",
+        "net.ipv4.conf.all.arp_ignore=1",
+        "net.ipv4.ip_forward=1",
+        "net.ipv4.vs.conntrack=1",
+        "net.ipv4.vs.expire_nodest_conn=1",
+        "net.ipv4.vs.expire_quiescent_template=1",
+    ]
+    assert read_sysctl(proc_sys, "net.ipv4.vs.conntrack") == 1
+    # Without strictARP the ARP settings stay the node's.
+    init = init_container(chart, {"mode": "ipvs"})
+    assert init is not None
+    assert not any("arp_" in s for s in set_arguments(init))
+    assert "--load-module=ip_vs_rr" in init["args"]  # the default scheduler's module
 
 
 def test_sysctl_init_container_is_only_there_when_needed(chart: helm.Chart) -> None:

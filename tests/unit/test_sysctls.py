@@ -7,6 +7,7 @@ import errno
 from dataclasses import replace
 from pathlib import Path
 
+import cli_kit
 import pytest
 
 from kubeplex.core.config.kubeproxy import KubeProxyConntrackConfiguration
@@ -112,3 +113,13 @@ def test_a_refused_write_names_key_value_source_and_errno(proc_sys: Path) -> Non
     )
     with pytest.raises(SysctlError, match="nf_conntrack_tcp_timeout_established=7200"):
         report.raise_for_errors()
+
+
+def test_load_module_refuses_a_module_the_node_lacks_naming_it() -> None:
+    lab_config = str(Path(__file__).resolve().parents[2] / "testing/lab/config.yaml")
+    proc = cli_kit.kubeplex("sysctls", "--config", lab_config, "--load-module", "no_such_module_kp")
+    assert proc.returncode == 4, proc.stderr
+    assert "cannot load kernel module no_such_module_kp" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = cli_kit.kubeplex("sysctls", "--config", lab_config, "--load-module", "ip_vs;reboot")
+    assert proc.returncode == 2 and "not a kernel module name" in proc.stderr

@@ -117,6 +117,17 @@ passed to `kubeplex sysctls` as a --set argument.
 {{- $_ := set $sysctls "net.ipv4.conf.all.route_localnet" "1" }}
 {{- end }}
 {{- end }}
+{{- if eq .Values.mode "ipvs" }}
+{{- /* What upstream's IPVS proxier sets at start (the vs keys exist once ip_vs is loaded). */}}
+{{- $_ := set $sysctls "net.ipv4.vs.conntrack" "1" }}
+{{- $_ := set $sysctls "net.ipv4.vs.expire_nodest_conn" "1" }}
+{{- $_ := set $sysctls "net.ipv4.vs.expire_quiescent_template" "1" }}
+{{- $_ := set $sysctls "net.ipv4.ip_forward" "1" }}
+{{- if .Values.config.ipvs.strictARP }}
+{{- $_ := set $sysctls "net.ipv4.conf.all.arp_ignore" "1" }}
+{{- $_ := set $sysctls "net.ipv4.conf.all.arp_announce" "2" }}
+{{- end }}
+{{- end }}
 {{- range $key, $value := .Values.sysctlInit.extraSysctls }}
 {{- $_ := set $sysctls $key (int64 $value | toString) }}
 {{- end }}
