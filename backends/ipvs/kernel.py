@@ -50,7 +50,7 @@ NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE, NLM_F_DUMP = 1, 4, 0x200, 0x
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 SOL_NETLINK, NETLINK_CAP_ACK = 270, 10
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK = 16, 17, 18
-RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
+RTM_GETADDR = 22
 NFNL_SUBSYS_IPSET = 6
 #: Requests in flight on one socket before their acknowledgements are read.
 WINDOW = 256
@@ -59,7 +59,6 @@ _HEADER = struct.Struct("=IHHII")
 _PROTO_NUM = {L4.TCP: socket.IPPROTO_TCP, L4.UDP: socket.IPPROTO_UDP, L4.SCTP: 132}
 _NUM_PROTO = {v: k for k, v in _PROTO_NUM.items()}
 _PROTO_NAME = {6: "tcp", 17: "udp", 132: "sctp"}
-_NAME_PROTO = {v: k for k, v in _PROTO_NAME.items()}
 #: IPVS service flags: persistent, hashed (the kernel's own), scheduler flags 1-3.
 F_PERSISTENT, F_HASHED = 0x1, 0x2
 _SCHED_FLAGS = {"flag-1": 0x8, "flag-2": 0x10, "flag-3": 0x20}
