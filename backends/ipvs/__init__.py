@@ -59,6 +59,7 @@ from kubeplex.core.dataplane.backend import (
     SyncResult,
 )
 from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.expectations import LOCAL_POLICY_FALLBACK
 from kubeplex.core.model.graph import ChangeSet, ProxyState, ServiceGraph
 from kubeplex.core.model.types import IPFamily, ServicePortName
 
@@ -90,6 +91,8 @@ STRICT_ARP = (("net.ipv4.conf.all.arp_ignore", "1"), ("net.ipv4.conf.all.arp_ann
 CONN_REUSE_MODE = "net.ipv4.vs.conn_reuse_mode"
 #: Kernels from 5.9 on fixed the connection-reuse stall; before that upstream sets the mode 0.
 CONN_REUSE_FIXED = (5, 9)
+#: What ``inspect`` adds to a virtual service no real server can take a new connection of.
+NO_REAL_SERVER = "# no real server with a weight: new connections are refused (REJECT)"
 #: The NodePort range (a stale NodePort virtual service on a node address is ours).
 NODE_PORTS = range(30000, 32768)
 
@@ -151,6 +154,8 @@ class IpvsBackend(FamilyBackend[DesiredRenderer, IpvsBackendRendered]):
             "reject-unused-clusterip-ports",
             "sctp",
             "session-affinity",
+            # Upstream's syncEndpoint (PR 97081): no local endpoint, the cluster's.
+            LOCAL_POLICY_FALLBACK,
         }
     )
     required_tools = ("iptables", "iptables-restore", "iptables-save")
@@ -474,20 +479,24 @@ def _programmed(
     entries: list[str] = []
     endpoints: dict[str, EndpointView] = {}
     persistence: int | None = None
+    forwards = False
     for vs in contrib.virtual:
         have = state.virtual.get(vs.key)
         if have is None:
             continue
-        entries.append(str(have))
+        reals = state.real.get(vs.key, {})
+        total = sum(max(r.weight, 0) for r in reals.values())
+        # ipvsadm prints nothing for it, but IPVS answers a new connection it cannot schedule
+        # with ICMP port unreachable (ip_vs_leave): say so in the words every reading knows.
+        refused = "" if total else f"  {NO_REAL_SERVER}"
+        entries.append(f"{have}{refused}")
         if have.persistence:
             persistence = have.persistence
-        reals = state.real.get(vs.key, {})
-        total = sum(r.weight for r in reals.values())
+        forwards = forwards or total > 0
         for rk in sorted(reals):
             w = reals[rk].weight
-            endpoints.setdefault(
-                str(rk), EndpointView(str(rk), share=w / total if total else 0.0, weight=w)
-            )
+            share = max(w, 0) / total if total else 0.0
+            endpoints.setdefault(str(rk), EndpointView(str(rk), share=share, weight=w))
     if not entries:
         return None
     objects = sorted(
@@ -499,7 +508,8 @@ def _programmed(
         family=fam,
         entries=tuple(entries),
         endpoints=tuple(endpoints.values()),
-        masquerade=True,
+        # KUBE-MARK-MASQ marks what IPVS forwards; nothing is forwarded without a real server.
+        masquerade=forwards,
         affinity_seconds=persistence,
         objects=tuple(objects),
     )

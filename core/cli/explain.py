@@ -12,9 +12,10 @@ Exit codes: 0 no drift, 1 drift found, 2 unknown Service, 3 configuration, 4 ker
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -36,9 +37,17 @@ from kubeplex.core.cli.shared import (
     load_effective_config,
     make_backend,
 )
-from kubeplex.core.dataplane.backend import ProgrammedService
+from kubeplex.core.dataplane.backend import Backend, ProgrammedService
 from kubeplex.core.dataplane.drift import Drift, EntryFacts, compare, match
-from kubeplex.core.model.expectations import DROP, FORWARD, REJECT, Expectation, Frontend
+from kubeplex.core.model.errors import KubeplexError
+from kubeplex.core.model.expectations import (
+    DROP,
+    FORWARD,
+    REJECT,
+    Expectation,
+    Frontend,
+    as_programmed,
+)
 from kubeplex.core.model.graph import ProxyState
 from kubeplex.core.model.types import ServicePortName
 
@@ -103,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     except UnknownService as err:
         print(f"kubeplex explain: {err}", file=sys.stderr)
         return EXIT_USAGE
+    prime(backend, state)
     ports = port_states(cfg, state, backend, spns)
     if ports is None:
         print(
@@ -110,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_BACKEND
-    reports = [explain(p) for p in ports]
+    reports = [explain(p) for p in for_mode(ports, backend.capabilities)]
     if args.output == "json":
         doc = {
             "mode": backend.mode,
@@ -123,6 +133,29 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text(backend.mode, reports))
     return EXIT_DRIFT if any(r["drift"] for r in reports) else EXIT_OK
+
+
+def prime(backend: Backend, state: ProxyState) -> None:
+    """Render ``state`` as the next sync would (observing the kernel; nothing is applied), so
+    that a mode whose kernel objects carry no Service names finds a Service's objects in
+    ``inspect`` through what it would program for it."""
+    try:
+        backend.render(state, backend.observe(state))
+    except KubeplexError:
+        raise
+    except Exception as err:  # not root, a tool missing, a plugin's bug
+        reason = " ".join(str(err).split())[:200] or type(err).__name__
+        raise KubeplexError(f"cannot read the kernel of mode {backend.mode}: {reason}") from err
+
+
+def for_mode(ports: Sequence[PortState], capabilities: Collection[str]) -> list[PortState]:
+    """``ports`` with each expectation as a mode of ``capabilities`` programs it."""
+    return [
+        dataclasses.replace(p, expectation=as_programmed(p.expectation, capabilities))
+        if p.expectation is not None
+        else p
+        for p in ports
+    ]
 
 
 # --- the report ------------------------------------------------------------------------------
@@ -346,6 +379,10 @@ def _endpoint_text(e: dict[str, Any]) -> str:
         parts.append("on this node")
     if not e["programmed"]:
         parts.append("NOT PROGRAMMED")
+    elif not e["expected"] and e["share"] == 0:
+        parts.append(
+            "draining: no endpoint now, no new connections (kept until its connections close)"
+        )
     elif not e["expected"]:
         parts.append("STALE: no endpoint now")
     return "  ".join(parts)

@@ -41,8 +41,10 @@ from kubeplex.core.model.expectations import (
     CLUSTER_IP,
     DROP,
     LOAD_BALANCER,
+    LOCAL_POLICY_FALLBACK,
     NODE_PORT,
     Expectation,
+    as_programmed,
 )
 from kubeplex.core.model.types import IPFamily, Protocol
 
@@ -116,6 +118,16 @@ BEHAVIOURS: dict[str, Behaviour] = {
         _has(CLUSTER_IP),
         node_wide=True,
     ),
+    LOCAL_POLICY_FALLBACK: Behaviour(
+        "a Local traffic policy without a local endpoint sends traffic to the endpoints on "
+        "other nodes instead of dropping it: pods and the node reach them, outside clients "
+        "still time out (the replies come back unreversed); with no such endpoint at all, "
+        "connections are refused instead of dropped",
+        "a Local traffic policy without a local endpoint drops the traffic instead of sending "
+        "it to the endpoints on other nodes: pods and the node no longer reach the Service "
+        "through it",
+        lambda exp: any(f.verdict == DROP for f in exp.frontends),
+    ),
     "render-only": Behaviour(
         "no packet path is programmed on this node at all",
         "the node's packet path is programmed again",
@@ -161,6 +173,9 @@ def run_check(args: argparse.Namespace) -> int:
     )
     cluster = load_cluster(cfg, args)
     state = cluster.checkout(full=True)
+    from kubeplex.core.cli.explain import prime
+
+    prime(current, state)
     ports = port_states(cfg, state, current, served_ports(state))
     if ports is None:
         print(
@@ -234,7 +249,10 @@ def check(
         )
 
     for p in ports:
-        drift = compare(p.expectation, p.view)
+        exp = p.expectation
+        drift = compare(
+            as_programmed(exp, current.capabilities) if exp is not None else None, p.view
+        )
         for d in drift:
             report.differences.append(
                 {
@@ -245,7 +263,8 @@ def check(
                     "affects": [_port_name(p)],
                 }
             )
-        report.services.append(_service(p, drift, touched.get((str(p.service), p.family.value))))
+        caps = touched.get((str(p.service), p.family.value))
+        report.services.append(_service(p, drift, caps, current, target))
 
     now_metrics = {m.name for m in current.metric_families()}
     after_metrics = {m.name for m in target.metric_families()}
@@ -294,13 +313,17 @@ def _port_name(p: PortState) -> str:
     return f"{p.service} ({p.family.value})"
 
 
-def _service(p: PortState, drift: list[Any], caps: list[str] | None) -> dict[str, Any]:
-    exp, view = p.expectation, p.view
+def _service(
+    p: PortState, drift: list[Any], caps: list[str] | None, current: Backend, target: Backend
+) -> dict[str, Any]:
+    base, view = p.expectation, p.view
+    exp = as_programmed(base, target.capabilities) if base is not None else None
     frontends = []
-    if exp is not None:
-        matched = match(exp, view.entries) if view is not None else None
-        for f in exp.frontends:
-            found = matched.by_frontend.get(f, []) if matched is not None else []
+    if base is not None and exp is not None:
+        now = as_programmed(base, current.capabilities)
+        matched = match(now, view.entries) if view is not None else None
+        for f, f_now in zip(exp.frontends, now.frontends, strict=True):
+            found = matched.by_frontend.get(f_now, []) if matched is not None else []
             frontends.append(
                 {
                     "frontend": str(f),

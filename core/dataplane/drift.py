@@ -282,8 +282,10 @@ def _endpoint_drift(expectation: Expectation, view: ProgrammedService) -> list[D
                     f"not {e.share:.1%}",
                 )
             )
-    for target in got:
-        if target not in want:
+    for target, view_ep in got.items():
+        # Kept at no share of new connections (a real server at weight 0 waiting for its
+        # connections to close): graceful termination, not drift.
+        if target not in want and view_ep.share != 0:
             out.append(
                 Drift(
                     "stale-endpoint",

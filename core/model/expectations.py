@@ -9,7 +9,8 @@ whether traffic is masqueraded, and how long sessions stick.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 
 from kubeplex.core.model.graph import ServiceGraph
 from kubeplex.core.model.policy import TrafficPlan, traffic_plan
@@ -29,6 +30,12 @@ NODE_PORT = "NodePort"
 # Endpoint sets.
 CLUSTER = "cluster"
 LOCAL = "local"
+
+#: The capability of a mode that, as upstream's PR 97081, sends the traffic of a Local policy
+#: that finds no local endpoint to the cluster's endpoints instead of dropping it (pods and
+#: the node still reach the Service; an outside client's replies come back from another
+#: node, unreversed, and are lost), and refuses it where there is no such endpoint either.
+LOCAL_POLICY_FALLBACK = "local-policy-fallback"
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,3 +223,25 @@ def expectations(
         spn: expect(graph, spn, masquerade_all=masquerade_all, local_traffic=local_traffic)
         for spn in sorted(graph.services)
     }
+
+
+def as_programmed(exp: Expectation, capabilities: Collection[str]) -> Expectation:
+    """``exp`` as a mode with ``capabilities`` programs it: the shared decisions, with the
+    ones a capability changes (``LOCAL_POLICY_FALLBACK``) changed."""
+    if LOCAL_POLICY_FALLBACK not in capabilities:
+        return exp
+    cluster = any(CLUSTER in e.sets for e in exp.endpoints)
+    frontends = tuple(
+        replace(
+            f,
+            verdict=FORWARD if cluster else REJECT,
+            endpoints=CLUSTER if cluster else "",
+            also=f.also - {FORWARD},
+        )
+        if f.verdict == DROP
+        else f
+        for f in exp.frontends
+    )
+    if frontends == exp.frontends:
+        return exp
+    return replace(exp, frontends=frontends)
