@@ -215,10 +215,11 @@ def reconcile(
 
     if not held.link:
         op("add-link")
-    mine = set(held.addresses) | set(state.addresses) | set(ownership.node_addresses)
+    # Looked up in each set, not merged into one: a partial sync must not copy every address.
+    mine = (held.addresses, state.addresses, ownership.node_addresses)
 
     def owned(key: VirtualKey) -> bool:
-        return key.address in mine and not ownership.excluded(key.address)
+        return any(key.address in a for a in mine) and not ownership.excluded(key.address)
 
     # --- virtual services and real servers
     if want.full:
