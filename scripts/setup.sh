@@ -32,7 +32,8 @@ fi
 # suite (tests/vm, run by tests/kernel/test_vm_suite.py) skips saying why. The guest kernel is
 # fetched by the VM runner itself (apt-get download, into its cache), so apt's lists must know it.
 if [ "${KUBEPLEX_VM_TOOLS:-0}" = 1 ]; then
-  vm_tools=(qemu-system-x86 busybox-static kmod)
+  # ipvsadm: what operators (and the IPVS benchmark's floor) read the guest's IPVS with.
+  vm_tools=(qemu-system-x86 busybox-static kmod ipvsadm)
   vm_missing=()
   for p in "${vm_tools[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || vm_missing+=("$p")
