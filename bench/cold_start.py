@@ -746,6 +746,11 @@ def main() -> None:
         help="a directory holding another kubeplex package (kubeplex/core, ...): its runs are"
         " interleaved with this checkout's, run by run, and reported after them",
     )
+    p.add_argument(
+        "--kubeplex",
+        type=Path,
+        help="a directory holding the kubeplex package to run instead of the installed one",
+    )
     args = p.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
@@ -753,7 +758,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     modes = [m for m in args.modes.split(",") if m in plugins.available()]
     env = installed_env()
-    variants = {"": env}
+    variants = {"": env if args.kubeplex is None else baseline_env(env, args.kubeplex.resolve())}
     if args.baseline is not None:
         variants["baseline"] = baseline_env(env, args.baseline.resolve())
     interpreter = interpreter_time(env)

@@ -78,14 +78,38 @@ def _register_packages_bare(*names: str) -> None:
     already: ``kubernetes/__init__`` imports every part of the client (the dynamic client
     and its schema validation, streams, leader election, informers) and
     ``kubernetes/config/__init__`` both config loaders with OAuth, 0.1-0.2 s at each start,
-    where kubeplex uses the REST client and one loader. Their submodules import as usual."""
+    where kubeplex uses the REST client and one loader. Their submodules import as usual; the
+    first use of anything else of such a package (``kubernetes.config.load_kube_config``,
+    ``kubernetes.__version__``) runs its ``__init__`` then, so nothing else sees a difference."""
     for name in names:
         if name in sys.modules:
             continue
         spec = importlib.util.find_spec(name)
-        if spec is None or spec.submodule_search_locations is None:
+        if spec is None or spec.loader is None or spec.submodule_search_locations is None:
             return  # not a package here: the imports below fail or work as they would
-        sys.modules[name] = importlib.util.module_from_spec(spec)
+        module = importlib.util.module_from_spec(spec)
+        module.__getattr__ = _completion(module, spec.loader)  # type: ignore[method-assign]
+        sys.modules[name] = module
+        parent, _, child = name.rpartition(".")
+        if parent in sys.modules:
+            setattr(sys.modules[parent], child, module)
+
+
+def _completion(module: Any, loader: Any) -> Callable[[str], Any]:
+    """A module ``__getattr__`` (PEP 562) that runs the package's ``__init__`` once, then
+    answers from what it defined."""
+    lock = threading.RLock()
+
+    def complete(attr: str) -> Any:
+        with lock:
+            if module.__dict__.pop("__getattr__", None) is not None:
+                loader.exec_module(module)
+        try:
+            return module.__dict__[attr]
+        except KeyError:
+            raise AttributeError(f"module {module.__name__!r} has no attribute {attr!r}") from None
+
+    return complete
 
 
 _register_packages_bare("kubernetes", "kubernetes.config")
