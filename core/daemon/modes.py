@@ -89,7 +89,8 @@ def _cleanup_one(
             missing = backend.missing_requirements()
         if missing:
             return ModeCleanup(mode, skipped="; ".join(missing))
-        report = backend.cleanup(keep=keep)
+        # Without anything to keep, the call a plugin written before `keep` also answers.
+        report = backend.cleanup(keep=keep) if keep else backend.cleanup()
     except KubeplexError as err:
         return ModeCleanup(mode, error=str(err))
     except Exception as err:  # a plugin's bug costs its own cleanup only

@@ -29,7 +29,7 @@ host, so boot once and run a whole test folder in that one boot.
 
 from __future__ import annotations
 
-from .runner import (
+from kubeplex.testing.vm.runner import (
     TIMEOUT_STATUS,
     VM_FAILED_STATUS,
     VmError,

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .runner import VM_FAILED_STATUS, VmError, run_in_vm, vm_unavailable
+from kubeplex.testing.vm.runner import VM_FAILED_STATUS, VmError, run_in_vm, vm_unavailable
 
 
 def _env_item(text: str) -> tuple[str, str]:

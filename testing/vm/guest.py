@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 
-from .initramfs import GUEST_CTL
+from kubeplex.testing.vm.initramfs import GUEST_CTL
 
 # What IPVS tests need loaded up front; the rest (xt_*, nft_*) the kernel autoloads through
 # the guest's modprobe. Names the kernel does not have are left out by the host.

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from . import guest, initramfs, kernel
-from .initramfs import CTL_TAG, ROOT_TAG, SHARE_TAG
+from kubeplex.testing.vm import guest, initramfs, kernel
+from kubeplex.testing.vm.initramfs import CTL_TAG, ROOT_TAG, SHARE_TAG
 
 #: Exit statuses of a run that did not report the command's own.
 TIMEOUT_STATUS = 124
