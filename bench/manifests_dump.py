@@ -17,7 +17,8 @@ medians of ``--repeat`` interleaved runs:
              manifest loader (what ``run`` spends on it)
 
 ``--baseline DIR`` also runs the kubeplex package under DIR (``DIR/kubeplex/core``, ...),
-interleaved run by run. ``--write FILE`` only writes the dump.
+interleaved run by run; ``--kubeplex DIR`` runs the one under DIR instead of the installed
+one. ``--write FILE`` only writes the dump.
 
 ``--bare`` writes the objects without what a cluster adds to them (1.7 MB at 1,000 Services).
 
@@ -139,6 +140,8 @@ def dump(n: int, bare: bool = False) -> str:
 
 # ------------------------------------------------------------------------------ the floor
 
+NFACCT_COUNTERS = ("localhost_nps_accepted_pkts", "ct_state_invalid_dropped_pkts")
+
 
 def floor_input(mode: str, folder: Path, cfg_text: str) -> tuple[list[str], str]:
     """The command and input that load the ruleset kubeplex renders for ``folder`` (IPv4, as
@@ -146,7 +149,7 @@ def floor_input(mode: str, folder: Path, cfg_text: str) -> tuple[list[str], str]
     cfg = parse_config(cfg_text, "bench")
     state = ClusterState(NODE)
     ManifestSource(folder, state).load()
-    backend = plugins.load(mode)(BackendContext(cfg, NODE, families=state.families[:1]))
+    backend = plugins.load_backend(mode, BackendContext(cfg, NODE, families=state.families[:1]))
     rendered = backend.render(state.checkout(full=True))
     if mode == "nftables":
         return ["nft", "-f", "-"], rendered.kernel_input()  # type: ignore[attr-defined]
@@ -193,6 +196,7 @@ def main() -> None:
     p.add_argument("--modes", default="nftables,iptables")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--baseline", type=Path)
+    p.add_argument("--kubeplex", type=Path, help="run the kubeplex package under this directory")
     p.add_argument("--write", type=Path, help="only write the dump here")
     p.add_argument("--bare", action="store_true", help="objects without what a cluster adds")
     args = p.parse_args()
@@ -204,7 +208,7 @@ def main() -> None:
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
     env = installed_env()
-    variants = {"": env}
+    variants = {"": env if args.kubeplex is None else baseline_env(env, args.kubeplex.resolve())}
     if args.baseline is not None:
         variants["baseline"] = baseline_env(env, args.baseline.resolve())
     with tempfile.TemporaryDirectory() as tmp:
@@ -228,6 +232,11 @@ def main() -> None:
             runs: dict[str, list[float]] = {name: [] for name in variants}
             for _ in range(args.repeat):
                 with Netns() as ns:
+                    if mode == "iptables":  # its nfacct matches need their counters, as kubeplex
+                        for counter in NFACCT_COUNTERS:  # creates them
+                            subprocess.run(
+                                ["ip", "netns", "exec", ns, "nfacct", "add", counter], check=True
+                            )
                     floors.append(timed(["ip", "netns", "exec", ns, *argv], table))
                 for name, venv in variants.items():
                     runs[name].append(run_once(folder, cfg, mode, venv))

@@ -170,24 +170,37 @@ def _load_plain(text: str) -> list[Any] | None:
         parser.dispose()
 
 
-class _Mapping:
-    """An open mapping and the key waiting for its value (_NO_KEY: none)."""
-
-    __slots__ = ("data", "key")
-
-    def __init__(self, data: dict[Any, Any]) -> None:
-        self.data = data
-        self.key: Any = _NO_KEY
-
-
 def _build(next_event: Any) -> list[Any]:
     docs: list[Any] = []
-    stack: list[Any] = []  # the open containers: a list, or a _Mapping
+    # The open container, whether it is a mapping, and its key waiting for a value (_NO_KEY:
+    # none); the enclosing ones as (container, is_mapping, key) on the stack.
+    current: Any = docs
+    in_mapping = False
+    key: Any = _NO_KEY
+    stack: list[tuple[Any, bool, Any]] = []
     seen: dict[str, Any] = {}  # plain scalars resolved so far: a dump repeats most of them
+    scalar_event = _events.ScalarEvent
     kinds = _EVENT_KINDS
     container: Any
     while True:
         event = next_event()
+        if type(event) is scalar_event:
+            if event.tag is not None or event.anchor is not None:
+                raise _Unusual("anchor or tag")
+            value = event.value
+            if event.implicit[0]:  # plain: resolved; quoted or block: a string
+                got = seen.get(value, _MISSING)
+                if got is _MISSING:
+                    got = seen[value] = _plain_scalar(value)
+                value = got
+            if not in_mapping:
+                current.append(value)
+            elif key is _NO_KEY:
+                key = value
+            else:
+                current[key] = value
+                key = _NO_KEY
+            continue
         kind = kinds.get(type(event))
         if kind is None:  # an alias
             raise _Unusual(type(event).__name__)
@@ -196,35 +209,20 @@ def _build(next_event: Any) -> list[Any]:
                 return docs
             continue
         if kind == _END:
-            stack.pop()
+            current, in_mapping, key = stack.pop()
             continue
-        if event.anchor is not None or event.tag is not None:
+        if event.tag is not None or event.anchor is not None:
             raise _Unusual("anchor or tag")
-        if kind == _SCALAR:
-            value = event.value
-            if event.implicit[0]:  # plain: resolved; quoted or block: a string
-                got = seen.get(value, _MISSING)
-                if got is _MISSING:
-                    got = seen[value] = _plain_scalar(value)
-                value = got
-            container = None
+        container = {} if kind == _MAP else []
+        if not in_mapping:
+            current.append(container)
+        elif key is _NO_KEY:
+            raise _Unusual("a mapping or sequence as a key")
         else:
-            value = container = {} if kind == _MAP else []
-        if not stack:
-            docs.append(value)
-        else:
-            top = stack[-1]
-            if type(top) is list:
-                top.append(value)
-            elif top.key is _NO_KEY:
-                if container is not None:
-                    raise _Unusual("a mapping or sequence as a key")
-                top.key = value
-            else:
-                top.data[top.key] = value
-                top.key = _NO_KEY
-        if container is not None:
-            stack.append(container if kind == _SEQ else _Mapping(container))
+            current[key] = container
+            key = _NO_KEY
+        stack.append((current, in_mapping, key))
+        current, in_mapping, key = container, kind == _MAP, _NO_KEY
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
