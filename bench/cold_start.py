@@ -27,8 +27,12 @@ to serve the lists kubeplex asks for (at resourceVersion 0: whole), and that plu
 The objects are as a cluster holds them (managedFields, owner and pod references, conditions,
 zones; ``--bare`` for the minimal ones).
 
+``--baseline DIR`` also runs the kubeplex package under DIR (``DIR/kubeplex/core``, ...), run by
+run interleaved with the other's, and reports it after; ``--kubeplex DIR`` runs the one under DIR
+instead of the installed one (two snapshots compared in the same time window).
+
 Usage: python bench/cold_start.py [--modes iptables,nftables] [--sizes 1000,10000] [--repeat 3]
-           [--rate 100] [--seconds 10]
+           [--rate 100] [--seconds 10] [--bare] [--json FILE] [--baseline DIR] [--kubeplex DIR]
 """
 
 from __future__ import annotations
