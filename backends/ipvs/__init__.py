@@ -44,7 +44,7 @@ from kubeplex.backends.ipvs.settings import IpvsSettings, ipvs_settings
 from kubeplex.backends.ipvs.termination import Real, Terminating
 from kubeplex.backends.netfilter.artifacts import describe as describe_chains
 from kubeplex.backends.netfilter.artifacts import find as find_chains
-from kubeplex.backends.netfilter.artifacts import removal
+from kubeplex.backends.netfilter.artifacts import jump_line, removal, rule_target
 from kubeplex.backends.netfilter.iptables import SavedRuleset
 from kubeplex.core.dataplane.backend import (
     BackendContext,
@@ -457,6 +457,14 @@ def _artifacts(
     chains = {"nat": frozenset(rules.NAT_CHAINS), "filter": frozenset(rules.FILTER_CHAINS)}
     found = find_chains(saved, fam, lambda table, c: c in chains[table], keep, chains)
     lines += describe_chains(fam, found)
+    # Jumps between the mode's own chains (KUBE-NODE-PORT -> KUBE-MARK-MASQ) go with the
+    # chains they are in; named too, in the words of a mode that shares the target chain.
+    for a in found:
+        lines += dict.fromkeys(
+            jump_line(fam, a.table, r)
+            for r in saved.rules.get(a.table, [])
+            if r.split()[1] in a.chains and rule_target(r) in chains[a.table]
+        )
     sets = tuple(
         state.ipsets[n]
         for n in sorted(state.ipsets)

@@ -108,3 +108,19 @@ def test_ipvs_drift_is_a_difference_before_switching() -> None:
     n.ipvs.send(V4, [t.Op("del-service", V4, key=key)])
     report = check(n, ipvs_target(n))
     assert ("kernel", "not-programmed") in kinds(report)
+
+
+def test_after_a_switch_to_ipvs_the_iptables_mode_leaves_only_what_they_share() -> None:
+    """The ipvs mode names the jumps inside its chains (KUBE-NODE-PORT -> KUBE-MARK-MASQ)
+    as the iptables mode does, so a switch's cleanup and its leftovers agree."""
+    n = Node("iptables", *SCENARIOS["nodeport"])
+    rules = fakes.FakeIptables(addresses=(NODE_IP,))
+    ipvs = plugins.load_backend(
+        "ipvs", BackendContext(n.config, NODE, (V4,), kernel=fakes.FakeIpvs(rules))
+    )
+    ipvs.sync(n.state())
+    iptables = plugins.load_backend("iptables", BackendContext(n.config, NODE, (V4,), kernel=rules))
+    shared = set(ipvs.leftovers())
+    assert "iptables nat jump KUBE-NODE-PORT -> KUBE-MARK-MASQ" in shared
+    assert [x for x in iptables.leftovers() if x not in shared] == []
+    assert len(shared) == len(ipvs.leftovers())  # each line once
