@@ -20,7 +20,7 @@ medians of ``--repeat`` interleaved runs:
 interleaved run by run; ``--kubeplex DIR`` runs the one under DIR instead of the installed
 one. ``--write FILE`` only writes the dump.
 
-``--bare`` writes the objects without what a cluster adds to them (1.7 MB at 1,000 Services).
+``--bare`` writes the objects without what a cluster adds to them (1.8 MB at 1,000 Services).
 
 Usage: python bench/manifests_dump.py [--services 1000] [--modes nftables,iptables]
            [--repeat 3] [--bare] [--baseline DIR] [--write FILE]
