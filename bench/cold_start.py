@@ -13,9 +13,11 @@ It prints, per size and mode (medians of ``--repeat`` runs):
   breakdown       from the server's request log and the daemon's JSON log: start -> first API
                   request (interpreter, imports, configuration, client), -> initial lists complete
                   (transfer and decoding, the daemon's "initial list complete" lines), -> first
-                  sync start (its "synced ... in X ms" line less X), the first sync itself, and
-                  sync end -> seen in the kernel; and what imports cost, from one more cold
-                  start under ``python -X importtime`` (not counted in the figures)
+                  sync start (its "sync starting (full)" line; from a daemon that does not log
+                  it, its "synced ... in X ms" line less X), the first sync itself (its
+                  checkout, then the backend's X ms), and sync end -> seen in the kernel; and
+                  what imports cost, from one more cold start under ``python -X importtime``
+                  (not counted in the figures)
   rss             VmHWM (peak RSS) after the first sync and at the end, before stopping
   burst           last change -> live in the kernel, the proxy's CPU share during the burst
                   (itself, and with the restore tools it ran), the largest
@@ -470,6 +472,7 @@ def read_log(path: Path, to_mono: float) -> list[tuple[float, str]]:
 
 
 SYNCED = re.compile(r"synced \S+ rules \((full|partial)\) in ([\d.]+) ms")
+STARTING = "sync starting (full)"
 
 
 def syncs(entries: list[tuple[float, str]]) -> list[tuple[float, str, float]]:
@@ -560,8 +563,11 @@ def breakdown(
     full = [s for s in syncs(entries) if s[1] == "full"]
     if full:
         end, _kind, took = full[0]
-        out["sync_start"] = end - took - t0
-        out["sync"] = took
+        started = [t for t, msg in entries if msg == STARTING and t <= end]
+        # The backend's part alone, where the daemon does not say when the checkout began.
+        out["sync_start"] = (started[-1] if started else end - took) - t0
+        out["sync"] = end - t0 - out["sync_start"]
+        out["checkout"] = out["sync"] - took
         out["sync_end"] = end - t0
     return out
 
@@ -713,6 +719,7 @@ def report(runs: list[Run], imports: dict[str, float], interpreter: float) -> st
         f" {seg(b, 'first_request', 'listed')} (last list request at"
         f" {b.get('last_list_request', float('nan')):.2f}s) -> first sync starts"
         f" {seg(b, 'listed', 'sync_start')} -> first sync {b.get('sync', float('nan')):.2f}s"
+        f" (checkout {b.get('checkout', float('nan')):.2f}s)"
         f" -> in the kernel {kernel - b.get('sync_end', float('nan')):+.3f}s after the sync's"
         f" end as logged; before the first sync {b.get('sync_start', float('nan')):.2f}s",
         f"  rss: peak {med([r.rss_peak_mb for r in runs]):.0f} MB"

@@ -37,6 +37,7 @@ from kubeplex.core.sources.manifests import ManifestSource
 
 if TYPE_CHECKING:
     from kubeplex.core.daemon.operations import Operations
+    from kubeplex.core.model.cluster import ClusterState
     from kubeplex.core.sources.kubeapi import KubeApiSource
 
 log = logging.getLogger("kubeplex")
@@ -126,6 +127,12 @@ def _wait_for_api_sync(source: KubeApiSource, once: bool, stop: threading.Event)
     return False
 
 
+def _lists_complete(api: KubeApiSource | None, once: bool, stop: threading.Event) -> bool:
+    """True once the source's initial lists are complete (at once without a source); a stop
+    before then is a failed start, one after it a plain stop."""
+    return api is None or api.synced or _wait_for_api_sync(api, once, stop)
+
+
 def run(args: argparse.Namespace) -> int:
     # Taken before the file is read: a change made while the daemon starts is seen too.
     watch = ConfigWatch(args.config) if args.config and not args.once else None
@@ -158,10 +165,6 @@ def serve(
         warn_unusable_fields(cfg)
     else:
         prepare_process(cfg)
-    backend = make_backend(cfg, netns)
-    missing = plugins.missing_requirements(cfg.mode, backend)
-    if missing:
-        raise KubeplexError(f"mode {cfg.mode}: this node lacks what it needs: {'; '.join(missing)}")
     stop = threading.Event()
     runner: SyncRunner | None = None
     config_changed = threading.Event()
@@ -183,24 +186,34 @@ def serve(
 
     api: KubeApiSource | None = None
     source: ManifestSource | None = None
-    if watch is not None:
-        watch.start(stop, _config_changed)
-    if manifests is not None:
-        cluster, source = state_from_manifests(cfg, manifests)
-    else:
-        api = _start_api_source(cfg, master)
-        cluster = api.cluster
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
-        if not _wait_for_api_sync(api, once, stop):
-            api.stop()
-            return EXIT_CONFIG_CHANGED if config_changed.is_set() else EXIT_SYNC_FAILED
     ops: Operations | None = None
     try:
+        if manifests is None:
+            # The initial lists go out first: loading the backend, its prepare() and the
+            # listeners overlap with them. Nothing is synced before they are complete (the
+            # cluster's checkout is gated, and the first sync waits for them below).
+            api = _start_api_source(cfg, master)
+            signal.signal(signal.SIGTERM, _stop)
+            signal.signal(signal.SIGINT, _stop)
+        backend = make_backend(cfg, netns)
+        missing = plugins.missing_requirements(cfg.mode, backend)
+        if missing:
+            raise KubeplexError(
+                f"mode {cfg.mode}: this node lacks what it needs: {'; '.join(missing)}"
+            )
+        if watch is not None:
+            watch.start(stop, _config_changed)
+        if api is not None:
+            cluster: ClusterState = api.cluster
+        else:
+            assert manifests is not None
+            cluster, source = state_from_manifests(cfg, manifests)
         backend.prepare()
         proxier = Proxier(cluster, backend)
         switch = SwitchCleanup(backend, switched)
         if once:
+            if not _lists_complete(api, once, stop):
+                return EXIT_CONFIG_CHANGED if config_changed.is_set() else EXIT_SYNC_FAILED
             proxier.listeners.append(switch)
             # Just the rules: no servers, sysctls or conntrack work (nor their imports).
             if not proxier.sync(full=True):
@@ -226,6 +239,8 @@ def serve(
         runner = SyncRunner(ops.sync, cluster.changed, min_sync_period, sync_period)
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
+        if not _lists_complete(api, once, stop):
+            return EXIT_CONFIG_CHANGED if config_changed.is_set() else EXIT_SYNC_FAILED
         if stop.is_set():
             return _exit_code()
         if source is not None:
