@@ -31,6 +31,7 @@ from kubeplex.backends.ipvs import ipsets, plan, rules
 from kubeplex.backends.ipvs.desired import DesiredRenderer, DesiredUpdate
 from kubeplex.backends.ipvs.plan import (
     DUMMY_LINK,
+    NODE_PORTS,
     Connections,
     FamilyPlan,
     FamilyState,
@@ -93,8 +94,6 @@ CONN_REUSE_MODE = "net.ipv4.vs.conn_reuse_mode"
 CONN_REUSE_FIXED = (5, 9)
 #: What ``inspect`` adds to a virtual service no real server can take a new connection of.
 NO_REAL_SERVER = "# no real server with a weight: new connections are refused (REJECT)"
-#: The NodePort range (a stale NodePort virtual service on a node address is ours).
-NODE_PORTS = range(30000, 32768)
 
 
 @dataclass(frozen=True)

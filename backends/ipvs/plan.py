@@ -29,6 +29,9 @@ from kubeplex.core.model.types import Protocol as L4
 
 #: The name of the dummy link that holds the service addresses, as upstream's.
 DUMMY_LINK = "kube-ipvs0"
+#: The API server's default NodePort range: a virtual service on a node address is the mode's
+#: only in it (or when the render wants it), so a foreign one on another port stays.
+NODE_PORTS = range(30000, 32768)
 
 #: ipvsadm's option for a virtual service of each protocol.
 _SERVICE_FLAG = {L4.TCP: "-t", L4.UDP: "-u", L4.SCTP: "--sctp-service"}

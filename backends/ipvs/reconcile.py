@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kubeplex.backends.ipvs.plan import (
+    NODE_PORTS,
     Connections,
     FamilyPlan,
     FamilyState,
@@ -215,11 +216,17 @@ def reconcile(
 
     if not held.link:
         op("add-link")
-    # Looked up in each set, not merged into one: a partial sync must not copy every address.
-    mine = (held.addresses, state.addresses, ownership.node_addresses)
 
     def owned(key: VirtualKey) -> bool:
-        return any(key.address in a for a in mine) and not ownership.excluded(key.address)
+        """On kube-ipvs0's addresses, wanted by the render, or a NodePort on a node address
+        (looked up set by set: a partial sync must not copy every address)."""
+        ours = (
+            key.address in held.addresses
+            or key.address in state.addresses
+            or key in state.virtual
+            or (key.address in ownership.node_addresses and key.port in NODE_PORTS)
+        )
+        return ours and not ownership.excluded(key.address)
 
     # --- virtual services and real servers
     if want.full:

@@ -319,6 +319,12 @@ def test_reconcile_alone_diffs_only_the_touched_keys() -> None:
     assert [str(o) for o in done.plan.ops()] == ["ipvsadm -E -t 10.96.0.1:80 -s lc"]
     full = reconcile(Update(True, want, frozenset()), held, ownership=Ownership())
     assert [str(o) for o in full.plan.ops()] == ["ipvsadm -E -t 10.96.0.1:80 -s lc"]
+    # On a node address only NodePorts are the mode's: a foreign service on port 80 stays.
+    k3 = VirtualKey(L4.TCP, "10.96.0.2", 30080)
+    held.apply([Op("add-service", V4, service=VirtualServer(k3))])
     mine = Ownership(node_addresses=frozenset({"10.96.0.2"}))
-    owned = reconcile(Update(True, want, frozenset()), held, ownership=mine)
-    assert "ipvsadm -D -t 10.96.0.2:80" in [str(o) for o in owned.plan.ops()]
+    owned = [
+        str(o) for o in reconcile(Update(True, want, frozenset()), held, ownership=mine).plan.ops()
+    ]
+    assert "ipvsadm -D -t 10.96.0.2:30080" in owned
+    assert "ipvsadm -D -t 10.96.0.2:80" not in owned
