@@ -139,34 +139,36 @@ class EndpointChanges:
 
 def merge_slices(slices: Mapping[str, EndpointSliceObject], node_name: str) -> EndpointsMap:
     """Endpoints of one Service from all of its slices: merged, de-duplicated, upstream order."""
+    # The hot loop of a first checkout (an Endpoint per endpoint and port): each address is
+    # formatted once (as Endpoint.address does), and an Endpoint only made when it is kept.
     by_port: dict[ServicePortName, dict[str, Endpoint]] = {}
     for slice_name in sorted(slices):
         es = slices[slice_name]
         for port in es.ports:
             spn = ServicePortName(es.namespace, es.service_name, port.name, port.protocol)
             seen = by_port.setdefault(spn, {})
+            number = port.port
             for sep in es.endpoints:
-                ep = Endpoint(
-                    ip=sep.ip,
-                    port=port.port,
-                    ready=sep.ready,
-                    serving=sep.serving,
-                    terminating=sep.terminating,
-                    is_local=bool(node_name) and sep.node_name == node_name,
-                    node_name=sep.node_name,
-                    zone=sep.zone,
-                    zone_hints=sep.zone_hints,
-                    node_hints=sep.node_hints,
-                )
+                ip = sep.ip
+                address = f"[{ip}]:{number}" if ":" in ip else f"{ip}:{number}"
+                is_local = bool(node_name) and sep.node_name == node_name
                 # An endpoint moving between slices shows up twice for a moment; upstream
                 # keeps one, preferring the copy that says it is local.
-                if ep.address not in seen or ep.is_local:
-                    seen[ep.address] = ep
-    return {
-        spn: tuple(sorted(eps.values(), key=lambda e: e.address))
-        for spn, eps in by_port.items()
-        if eps
-    }
+                if is_local or address not in seen:
+                    seen[address] = Endpoint(
+                        ip,
+                        number,
+                        sep.ready,
+                        sep.serving,
+                        sep.terminating,
+                        is_local,
+                        sep.node_name,
+                        sep.zone,
+                        sep.zone_hints,
+                        sep.node_hints,
+                    )
+    # Sorted by address (the keys, each one endpoint's).
+    return {spn: tuple([eps[a] for a in sorted(eps)]) for spn, eps in by_port.items() if eps}
 
 
 def _parse_trigger_time(text: str) -> float | None:
