@@ -150,6 +150,7 @@ class IpvsBackend(FamilyBackend[DesiredRenderer, IpvsBackendRendered]):
             "binds-service-ips",
             "ipv6",
             "load-balancer-source-ranges",
+            "local-policy-fallback",
             "reject-unused-clusterip-ports",
             "sctp",
             "session-affinity",

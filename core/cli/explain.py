@@ -37,9 +37,8 @@ from kubeplex.core.cli.shared import (
     load_effective_config,
     make_backend,
 )
-from kubeplex.core.dataplane.backend import Backend, ProgrammedService
+from kubeplex.core.dataplane.backend import ProgrammedService
 from kubeplex.core.dataplane.drift import Drift, EntryFacts, compare, match
-from kubeplex.core.model.errors import KubeplexError
 from kubeplex.core.model.expectations import (
     DROP,
     FORWARD,
@@ -112,7 +111,6 @@ def run(args: argparse.Namespace) -> int:
     except UnknownService as err:
         print(f"kubeplex explain: {err}", file=sys.stderr)
         return EXIT_USAGE
-    prime(backend, state)
     ports = port_states(cfg, state, backend, spns)
     if ports is None:
         print(
@@ -133,19 +131,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text(backend.mode, reports))
     return EXIT_DRIFT if any(r["drift"] for r in reports) else EXIT_OK
-
-
-def prime(backend: Backend, state: ProxyState) -> None:
-    """Render ``state`` as the next sync would (observing the kernel; nothing is applied), so
-    that a mode whose kernel objects carry no Service names finds a Service's objects in
-    ``inspect`` through what it would program for it."""
-    try:
-        backend.render(state, backend.observe(state))
-    except KubeplexError:
-        raise
-    except Exception as err:  # not root, a tool missing, a plugin's bug
-        reason = " ".join(str(err).split())[:200] or type(err).__name__
-        raise KubeplexError(f"cannot read the kernel of mode {backend.mode}: {reason}") from err
 
 
 def for_mode(ports: Sequence[PortState], capabilities: Collection[str]) -> list[PortState]:

@@ -126,7 +126,7 @@ def port_states(
     order; None if the mode cannot read its kernel back."""
     spns = sorted(set(spns))
     expected = expectations_of(cfg, state, backend.mode, spns)
-    backend.render(state)  # what inspect reads against (the contract's note); nothing is sent
+    prime(backend, state)
     views = read_kernel(backend, spns)
     if views is None:
         return None
@@ -142,3 +142,16 @@ def families_order(families: list[IPFamily], family: IPFamily) -> int:
 def served_ports(state: ProxyState) -> set[ServicePortName]:
     """Every service port of every family's graph."""
     return {spn for graph in state.graphs.values() for spn in graph.services}
+
+
+def prime(backend: Backend, state: ProxyState) -> None:
+    """Render ``state`` as the next sync would (observing the kernel; nothing is applied), so
+    that a mode whose kernel objects carry no Service names finds a Service's objects in
+    ``inspect`` through what it would program for it."""
+    try:
+        backend.render(state, backend.observe(state))
+    except KubeplexError:
+        raise
+    except Exception as err:  # not root, a tool missing, a plugin's bug
+        reason = " ".join(str(err).split())[:200] or type(err).__name__
+        raise KubeplexError(f"cannot read the kernel of mode {backend.mode}: {reason}") from err

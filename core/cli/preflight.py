@@ -173,9 +173,6 @@ def run_check(args: argparse.Namespace) -> int:
     )
     cluster = load_cluster(cfg, args)
     state = cluster.checkout(full=True)
-    from kubeplex.core.cli.explain import prime
-
-    prime(current, state)
     ports = port_states(cfg, state, current, served_ports(state))
     if ports is None:
         print(

@@ -25,6 +25,7 @@ KNOWN_CAPABILITIES = frozenset(
         "dsr",
         "ipv6",
         "load-balancer-source-ranges",
+        "local-policy-fallback",
         "localhost-nodeports",
         "reject-unused-clusterip-ports",
         "render-only",

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from test_explain import NODE, OTHER, SCENARIOS, THREE, Node, slice_of, spn, web
 
-from kubeplex.core.cli import explain
+from kubeplex.core.cli import explain, inspecting
 from kubeplex.core.cli.inspecting import PortState, port_states, served_ports
 from kubeplex.core.dataplane import plugins
 from kubeplex.core.dataplane.backend import Backend, BackendContext
@@ -106,7 +106,7 @@ def test_a_fresh_backend_reads_the_kernel_once_primed() -> None:
     n.sync()
     sent = len(n.ipvs.sent)
     n.backend = n.fresh()
-    explain.prime(n.backend, n.state())
+    inspecting.prime(n.backend, n.state())
     assert len(n.ipvs.sent) == sent  # a render only
     (p,) = n.ports()
     assert p.view is not None

@@ -9,7 +9,7 @@ import json
 from test_explain import NODE, SCENARIOS, Node
 from test_ipvs_explain import NODE_IP, IpvsNode
 
-from kubeplex.core.cli import explain, preflight
+from kubeplex.core.cli import inspecting, preflight
 from kubeplex.core.dataplane import plugins
 from kubeplex.core.dataplane.backend import Backend, BackendContext
 from kubeplex.core.model.types import IPFamily
@@ -83,7 +83,7 @@ def test_ipvs_to_iptables_reads_the_ipvs_kernel_back() -> None:
     n = IpvsNode(*SCENARIOS["nodeport"])
     n.sync()
     n.backend = n.fresh()  # as the command makes it
-    explain.prime(n.backend, n.state())
+    inspecting.prime(n.backend, n.state())
     target = plugins.load_backend(
         "iptables", BackendContext(n.config, NODE, (V4,), kernel=fakes.FakeIptables())
     )
