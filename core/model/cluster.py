@@ -365,7 +365,9 @@ class ClusterState:
             self._notify(True)
 
     def _notify(self, needed: bool) -> None:
-        if needed:
+        # (lock held, as by checkout's clear: set() takes the event's own lock, once per
+        # object of a list otherwise)
+        if needed and not self.changed.is_set():
             self.changed.set()
 
     def _all(self) -> Iterable[_FamilyTrackers]:

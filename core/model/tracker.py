@@ -72,6 +72,8 @@ def service_ports(svc: ServiceObject, family: IPFamily) -> PortMap:
 def _changed_keys(
     old: Mapping[ServicePortName, object], new: Mapping[ServicePortName, object]
 ) -> set[ServicePortName]:
+    if not old:  # a new Service (every one at the first checkout): no value is None
+        return set(new)
     return {k for k in old.keys() | new.keys() if old.get(k) != new.get(k)}
 
 
@@ -114,7 +116,8 @@ class ServiceChangeTracker:
             old = self._applied.get(key, {})
             diff = _changed_keys(old, new)
             changed |= diff
-            for spn in diff:
+            # A new Service (old empty) has nothing to give up, nor anything in the map yet.
+            for spn in diff if old else ():
                 gone = old.get(spn)
                 if gone is not None and spn not in new and gone.protocol in CONNECTIONLESS:
                     stale_ips.add(gone.cluster_ip)
@@ -253,8 +256,9 @@ class EndpointsChangeTracker:
                 # Upstream: 0 -> >0 serving endpoints (a terminating fallback counts too).
                 if any(ep.serving for ep in after) and not any(ep.serving for ep in before):
                     newly_active.add(spn)
-            for spn in diff:
-                self._endpoints.pop(spn, None)
+            if old:  # (only what it held before can be in the map)
+                for spn in diff:
+                    self._endpoints.pop(spn, None)
             self._endpoints.update(new)
             if new:
                 self._applied[svc_key] = new
