@@ -436,7 +436,7 @@ class NodeAgent:
     def last_error(self) -> str:
         return str(self.proxier.status.last_error)
 
-    def cleanup(self, keep: Collection[str] = ()) -> CleanupReport:
+    def cleanup(self, keep: Collection[str] = (), drain: bool = False) -> CleanupReport:
         """Remove everything the backend programmed on this node (``kubeplex cleanup``), and
         say what was removed.
 

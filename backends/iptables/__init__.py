@@ -263,7 +263,7 @@ class IptablesBackend(FamilyBackend[FamilyRenderer, IptablesRendered]):
             for f in self.ctx.families
         ]
 
-    def cleanup(self, keep: Collection[str] = ()) -> CleanupReport:
+    def cleanup(self, keep: Collection[str] = (), drain: bool = False) -> CleanupReport:
         """Remove every chain and jump kubeplex (or upstream kube-proxy) made, in every
         family, but what ``keep`` names. KUBE-FIREWALL goes only where it is the mode's own
         copy (``readback.firewall_is_ours``), and route_localnet, which it guarded, with it."""

@@ -361,42 +361,64 @@ class IpvsBackend(FamilyBackend[DesiredRenderer, IpvsBackendRendered]):
 
     # --- beside the sync path ---------------------------------------------------------------
 
-    def _found(self, keep: Collection[str] = ()) -> list[tuple[IPFamily, _Artifacts]]:
+    def _found(
+        self, keep: Collection[str] = (), connections: bool = False
+    ) -> list[tuple[IPFamily, _Artifacts, FamilyState]]:
         out = []
         node = frozenset(self.kernel.interface_addresses())
         for fam in self.ctx.families:
-            state = self.kernel.dump(fam)
+            state = self.kernel.dump(fam, connections=connections)
             saved = SavedRuleset.parse(self.kernel.save(fam))
-            out.append((fam, _artifacts(fam, state, saved, node, keep)))
+            out.append((fam, _artifacts(fam, state, saved, node, keep), state))
         return out
 
-    def cleanup(self, keep: Collection[str] = ()) -> CleanupReport:
+    def cleanup(self, keep: Collection[str] = (), drain: bool = False) -> CleanupReport:
         """Remove the virtual services on kube-ipvs0's addresses (and stale NodePorts on the
         node's), kube-ipvs0, the mode's iptables chains and jumps and its ipsets, but what
-        ``keep`` names; foreign virtual services and sets stay."""
+        ``keep`` names; foreign virtual services and sets stay.
+
+        With ``drain`` (a switch to another mode), a virtual service whose real servers still
+        have active connections stays, with its address on kube-ipvs0: IPVS keeps those connections'
+        NAT in its own table, and a packet reaches it only while the address is local. New
+        connections already meet the active mode's rules (its NAT comes first, in prerouting
+        and output); a later cleanup removes the rest once the connections are gone."""
         removed: list[str] = []
+        draining: list[str] = []
         link_kept = f"link {DUMMY_LINK}" in keep
-        for fam, a in self._found(keep):
-            if a.services:
-                self.kernel.send(fam, [Op("del-service", fam, key=k) for k in a.services])
+        for fam, a, state in self._found(keep, connections=drain):
+            busy = _busy(a.services, state) if drain else {}
+            held = {k.address for k in busy}
+            gone = [k for k in a.services if k not in busy]
+            if gone:
+                self.kernel.send(fam, [Op("del-service", fam, key=k) for k in gone])
             if a.restore:
                 self.kernel.restore(fam, a.restore)
-            if link_kept and a.addresses:
-                self.kernel.send(fam, [Op("del-address", fam, address=x) for x in a.addresses])
+            drop = [x for x in a.addresses if x not in held]
+            if (link_kept or held) and drop:
+                self.kernel.send(fam, [Op("del-address", fam, address=x) for x in drop])
             if a.sets:
                 self.kernel.send(fam, [Op("destroy-set", fam, ipset=s) for s in a.sets])
-            removed += a.lines
-        if not link_kept and self.kernel.delete_link():
+            stays = {f"ipvs virtual service {k}" for k in busy}
+            stays |= {f"address {x} on {DUMMY_LINK}" for x in held}
+            removed += [line for line in a.lines if line not in stays]
+            draining += [
+                f"ipvs virtual service {k} ({n} active connections)" for k, n in busy.items()
+            ]
+            draining += [f"address {x} on {DUMMY_LINK}" for x in sorted(held)]
+        if draining:
+            draining.append(f"link {DUMMY_LINK}")
+            log.info("left %d virtual services of the ipvs mode draining", len(draining) - 1)
+        elif not link_kept and self.kernel.delete_link():
             removed.append(f"link {DUMMY_LINK}")
             log.info("removed the %s link", DUMMY_LINK)
         self.renderers.clear()
         self._held.clear()
         self._terminating.clear()
         self._rules.clear()
-        return CleanupReport(self.mode, tuple(removed))
+        return CleanupReport(self.mode, tuple(removed), tuple(draining))
 
     def leftovers(self) -> list[str]:
-        lines = [line for _, a in self._found() for line in a.lines]
+        lines = [line for _, a, _ in self._found() for line in a.lines]
         fams = [self.kernel.dump(f) for f in self.ctx.families]
         if any(s.link for s in fams):
             lines.append(f"link {DUMMY_LINK}")
@@ -435,6 +457,22 @@ class _Artifacts:
     #: The iptables-restore input removing the mode's chains and jumps ("" if none).
     restore: str
     lines: tuple[str, ...]
+
+
+def _busy(services: Sequence[VirtualKey], state: FamilyState) -> dict[VirtualKey, int]:
+    """The virtual services among ``services`` whose real servers have established
+    connections, with their count (closed ones linger as inactive for minutes: not waited
+    for)."""
+    out = {}
+    for key in services:
+        n = sum(
+            c.active
+            for rk in state.real.get(key, {})
+            if (c := state.connections.get((key, rk))) is not None
+        )
+        if n:
+            out[key] = n
+    return out
 
 
 def _artifacts(

@@ -125,7 +125,7 @@ class KernelspaceBackend(FamilyBackend[FamilyRenderer, KernelspaceRendered]):
     def apply(self, rendered: Rendered) -> SyncResult:
         raise BackendError(requires_hns())
 
-    def cleanup(self, keep: Collection[str] = ()) -> CleanupReport:
+    def cleanup(self, keep: Collection[str] = (), drain: bool = False) -> CleanupReport:
         raise BackendError(requires_hns())
 
     def describe(self) -> list[str]:

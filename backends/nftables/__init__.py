@@ -413,7 +413,7 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
                 lines += [f"nftables {fam} {names.TABLE} {kind} {name}" for name in sorted(found)]
         return lines
 
-    def cleanup(self, keep: Collection[str] = ()) -> CleanupReport:
+    def cleanup(self, keep: Collection[str] = (), drain: bool = False) -> CleanupReport:
         """Remove both kube-proxy tables (as upstream's CleanupLeftovers), whoever made them;
         reports those that existed, with what they held. A table ``keep`` names stays whole
         (no other mode shares the tables, so only a mode of the same tables would name it)."""

@@ -71,7 +71,13 @@ class _Switch:
             "sync_ms": round(self.elapsed * 1000, 1),
             "services_failed": dict(self.result.failed) if self.result else {},
             "modes": [
-                {"mode": c.mode, "removed": list(c.removed), "skipped": c.skipped, "error": c.error}
+                {
+                    "mode": c.mode,
+                    "removed": list(c.removed),
+                    "draining": list(c.draining),
+                    "skipped": c.skipped,
+                    "error": c.error,
+                }
                 for c in self.cleanups
             ],
             "exit_code": code,

@@ -155,6 +155,10 @@ class CleanupReport:
 
     mode: str
     removed: tuple[str, ...] = ()
+    #: Left in place, with ``drain``, because established connections still go through them
+    #: and the mode itself keeps their NAT (IPVS's connection table); a later cleanup
+    #: removes them. One line each, in the words of ``removed``.
+    draining: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -256,13 +260,16 @@ class Backend(ABC):
     def invalidate(self) -> None:  # noqa: B027 - optional hook
         """Forget render caches: the next render is full (called after a failed apply)."""
 
-    def cleanup(self, keep: Collection[str] = ()) -> CleanupReport:
+    def cleanup(self, keep: Collection[str] = (), drain: bool = False) -> CleanupReport:
         """Remove every artifact of this mode on the node, and nothing else (``kubeplex
         cleanup``), whoever made it; says what was removed. Default: nothing to remove.
 
         ``keep``: artifacts to leave in place, in the words of ``leftovers`` — what the active
         mode programmed, when another mode's leftovers are removed after a mode switch (two
-        modes may share objects: the iptables and ipvs modes both write KUBE-SERVICES)."""
+        modes may share objects: the iptables and ipvs modes both write KUBE-SERVICES).
+        ``drain`` (a mode switch): leave what established connections still need where the
+        mode, not conntrack, holds their NAT, and list it in ``CleanupReport.draining``; the
+        daemon calls again until nothing drains. Modes whose NAT lives in conntrack ignore it."""
         return CleanupReport(self.mode)
 
     def leftovers(self) -> list[str]:

@@ -126,12 +126,12 @@ def test_after_a_switch_the_other_modes_go_but_what_the_active_one_shares() -> N
     node = Node()
     node.programmed("nftables")
     active, _ = node.programmed("iptables")
-    calls: list[tuple[str, frozenset[str]]] = []
+    calls: list[tuple[str, frozenset[str], bool]] = []
 
     class Spy(NftablesBackend):
-        def cleanup(self, keep: Any = ()) -> CleanupReport:
-            calls.append((self.mode, frozenset(keep)))
-            return super().cleanup(keep)
+        def cleanup(self, keep: Any = (), drain: bool = False) -> CleanupReport:
+            calls.append((self.mode, frozenset(keep), drain))
+            return super().cleanup(keep, drain)
 
     def make(mode: str, ctx: BackendContext) -> Backend:
         if mode == "nftables":
@@ -140,7 +140,7 @@ def test_after_a_switch_the_other_modes_go_but_what_the_active_one_shares() -> N
 
     (done,) = remove_other_modes(active, make)
     assert done.mode == "nftables" and done.removed
-    assert calls == [("nftables", frozenset(active.leftovers()))]
+    assert calls == [("nftables", frozenset(active.leftovers()), True)]
     assert "KUBE-SERVICES" in node.kernels["iptables"].save(V4)
 
 
@@ -197,3 +197,52 @@ def test_a_failing_switch_cleanup_is_never_fatal() -> None:
     cluster.set_service(service("ns", "web2", "10.96.0.11", [port(80)]))
     assert proxier.sync(full=True)
     assert switch.results == [ModeCleanup("iptables", error="iptables-save: gone")]
+
+
+def test_what_another_mode_holds_connections_through_drains_then_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ipvs keeps an established connection's NAT in its own table, reached only while the
+    Service IP is local: after a switch away from it, a virtual service with connections
+    stays (with its address) until they are gone; later syncs remove it."""
+    from kubeplex.backends.ipvs import IpvsBackend
+    from kubeplex.testing.fakes import FakeIpvs
+
+    trust = Path(plugins.packaged_trust_file()).read_text()
+    trust = trust.replace('kernel-modules = ["ip_vs", "dummy", "ip_set"]', "")
+    (tmp_path / "plugins.toml").write_text(trust)
+    monkeypatch.setitem(CLASSES, "ipvs", IpvsBackend)
+    monkeypatch.setattr("kubeplex.core.daemon.modes.platform_modes", lambda: sorted(CLASSES))
+    node = Node()
+    # One node, one iptables: the two modes share KUBE-SERVICES and its kin.
+    ipvs = node.kernels["ipvs"] = FakeIpvs(node.kernels["iptables"])
+    with plugins.trusting(tmp_path / "plugins.toml"):
+        node.programmed("ipvs")
+        ipvs.set_connections(V4, "-t 10.96.0.10:80", "10.0.0.1:80", active=1)
+        active, cluster = node.programmed("iptables")
+        now = [0.0]
+        switch = SwitchCleanup(active, make=node.make, recheck=10, clock=lambda: now[0])
+        state = cluster.checkout(full=True)
+        result = active.sync(state)
+        switch(state, result, 0.1)
+        by_mode = {r.mode: r for r in switch.results}
+        assert by_mode["nftables"].draining == ()
+        assert by_mode["ipvs"].draining == (
+            "ipvs virtual service -t 10.96.0.10:80 (1 active connections)",
+            "address 10.96.0.10 on kube-ipvs0",
+            "link kube-ipvs0",
+        )
+        assert "ipset KUBE-CLUSTER-IP" in by_mode["ipvs"].removed
+        assert [str(k) for k in ipvs.dump(V4).virtual] == ["-t 10.96.0.10:80"]
+        assert ipvs.dump(V4).addresses == {"10.96.0.10"}
+        assert not ipvs.dump(V4).ipsets  # the sets and chains went at once
+        assert switch.draining == ["ipvs"]
+        switch(state, result, 0.1)  # too soon: not checked again
+        ipvs.set_connections(V4, "-t 10.96.0.10:80", "10.0.0.1:80", inactive=1)  # closed
+        switch(state, result, 0.1)
+        assert ipvs.dump(V4).virtual  # still too soon
+        now[0] = 10.0
+        switch(state, result, 0.1)
+        assert switch.draining == []
+        assert not ipvs.dump(V4).virtual and not ipvs.dump(V4).link
+        assert "KUBE-SERVICES" in node.kernels["iptables"].save(V4)  # the active mode's own

@@ -213,7 +213,7 @@ class RecordingBackend(Backend):
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def cleanup(self, keep: Collection[str] = ()) -> CleanupReport:
+    def cleanup(self, keep: Collection[str] = (), drain: bool = False) -> CleanupReport:
         removed = self.leftovers()
         file = self.file
         if file is not None:
