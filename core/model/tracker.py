@@ -43,9 +43,16 @@ def service_ports(svc: ServiceObject, family: IPFamily) -> PortMap:
     health_check = (
         svc.health_check_node_port if svc.type == "LoadBalancer" and external_local else 0
     )
-    mine = [ip for ip in svc.external_ips if family_of(ip) is family]
-    vips = [ip for ip in svc.load_balancer_ingress_ips if family_of(ip) is family]
-    ranges = [c for c in svc.load_balancer_source_ranges if family_of(c) is family]
+    # What every port of the Service shares, computed once.
+    external_ips = tuple(dict.fromkeys(ip for ip in svc.external_ips if family_of(ip) is family))
+    vips = tuple(
+        dict.fromkeys(ip for ip in svc.load_balancer_ingress_ips if family_of(ip) is family)
+    )
+    ranges = tuple(
+        dict.fromkeys(c for c in svc.load_balancer_source_ranges if family_of(c) is family)
+    )
+    with_node_port = svc.type in ("NodePort", "LoadBalancer")
+    internal_local = svc.internal_traffic_policy == "Local"
     ports: PortMap = {}
     for p in svc.ports:
         spn = ServicePortName(svc.namespace, svc.name, p.name, p.protocol)
@@ -55,13 +62,13 @@ def service_ports(svc: ServiceObject, family: IPFamily) -> PortMap:
             cluster_ip=cluster_ip,
             port=p.port,
             protocol=p.protocol,
-            node_port=p.node_port if svc.type in ("NodePort", "LoadBalancer") else 0,
-            external_ips=tuple(dict.fromkeys(mine)),
-            load_balancer_vips=tuple(dict.fromkeys(vips)),
-            load_balancer_source_ranges=tuple(dict.fromkeys(ranges)),
+            node_port=p.node_port if with_node_port else 0,
+            external_ips=external_ips,
+            load_balancer_vips=vips,
+            load_balancer_source_ranges=ranges,
             session_affinity_client_ip=svc.session_affinity_client_ip,
             sticky_max_age_seconds=svc.affinity_timeout,
-            internal_policy_local=svc.internal_traffic_policy == "Local",
+            internal_policy_local=internal_local,
             external_policy_local=external_local,
             health_check_node_port=health_check,
             traffic_distribution=svc.traffic_distribution,
