@@ -679,12 +679,12 @@ IMPORT_LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \| ( *)(\S+)")
 
 
 def import_split(log: Path) -> dict[str, float]:
-    """From a ``-X importtime`` run's stderr: the seconds spent importing before the initial
-    lists were complete, in all and by top-level package (each module's own time; the largest
-    packages)."""
+    """From a ``-X importtime`` run's stderr: the seconds spent importing before the first sync
+    started (what delays it: the lists are fetched meanwhile), in all and by top-level package
+    (each module's own time; the largest packages)."""
     by_package: dict[str, float] = {}
     for line in log.read_text(errors="replace").splitlines():
-        if line.startswith("{") and "initial list complete" in line:
+        if line.startswith("{") and (STARTING in line or "synced " in line):
             break
         if m := IMPORT_LINE.match(line):
             package = m.group(4).split(".")[0]
@@ -734,7 +734,7 @@ def report(runs: list[Run], imports: dict[str, float], interpreter: float) -> st
     if imports:
         split = ", ".join(f"{k} {v:.2f}s" for k, v in imports.items() if k != "total")
         lines.append(
-            f"  imports before the lists were complete (one run under -X importtime):"
+            f"  imports before the first sync (one run under -X importtime):"
             f" {imports['total']:.2f}s ({split})"
         )
     return "\n".join(lines)
