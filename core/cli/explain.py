@@ -317,8 +317,8 @@ def _service_text(mode: str, r: dict[str, Any]) -> str:
         lines.append("     " + _endpoint_text(e))
     if any(e["programmed"] for e in eps):
         lines.append(
-            "  4. DNAT to the chosen endpoint's address (above); conntrack keeps it for the "
-            "connection and undoes it on replies"
+            "  4. DNAT to the chosen endpoint's address (above); the kernel keeps it for the "
+            "connection (conntrack, or the mode's own connection table) and undoes it on replies"
         )
     else:
         lines.append("  4. DNAT: none (no endpoint is programmed)")
