@@ -837,11 +837,14 @@ class _CollectorPause:
                 gc.disable()
                 self._paused = True
 
-    def resume(self) -> None:
+    def resume(self) -> bool:
+        """True if this call ended the pause."""
         with self._lock:
             if self._paused:
                 self._paused = False
                 gc.enable()
+                return True
+            return False
 
 
 class KubeApiSource:
@@ -1290,10 +1293,16 @@ class KubeApiSource:
                         "node %s not found: rules are programmed without its zone and pod CIDR",
                         self.node_name,
                     )
+                # The collector on again before anything may sync: a sync pauses it for
+                # itself, and must not have it turned on halfway (by this thread, resuming
+                # late). The young collection the pause put off (every object listed: the
+                # garbage of the lists and of what the process did meanwhile) runs here, once,
+                # instead of at whatever allocation comes first, maybe the sync's.
+                if self._collector.resume():
+                    gc.collect(0)
                 if isinstance(self.cluster, GatedClusterState):
                     self.cluster.open()
                 self._synced.set()
-                self._collector.resume()
 
     def _watch(self, r: _Resource, max_seconds: float) -> None:
         """One watch request, bounded by ``timeoutSeconds``; returns when it ends cleanly."""
