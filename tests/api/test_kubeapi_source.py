@@ -631,6 +631,27 @@ def test_the_collector_is_off_while_the_initial_lists_are_decoded_only(
     assert seen[-1] is True  # watch events: the collector runs as usual
 
 
+def test_the_collector_is_on_before_the_initial_lists_let_a_sync_in(
+    srv: FakeApiServer, make_source: Callable[..., KubeApiSource]
+) -> None:
+    # A sync pauses the collector for itself: the source ending its own pause after the gate
+    # opened would turn it on under that sync.
+    populate(srv, 5)
+    source = make_source()
+    assert isinstance(source.cluster, GatedClusterState)
+    seen: list[bool] = []
+    open_gate = source.cluster.open
+
+    def recording() -> None:
+        seen.append(gc.isenabled())
+        open_gate()
+
+    source.cluster.open = recording  # type: ignore[method-assign]
+    source.start()
+    assert source.wait_for_initial_sync(5)
+    assert seen == [True]
+
+
 def test_a_source_stopped_before_its_lists_gives_the_collector_back() -> None:
     # A role that may not list Services: the initial sync never completes.
     server = FakeApiServer(
