@@ -544,28 +544,27 @@ _VALID_LABELS: set[str] = set()
 _VALID_NAMES_LIMIT = 65536
 
 
+def _remembered(names: set[str], text: str, longest: int, pattern: re.Pattern[str]) -> bool:
+    """Whether ``text`` is at most ``longest`` long and matches ``pattern``; a valid one is
+    remembered in ``names`` (emptied when full)."""
+    if text in names:
+        return True
+    if not text or len(text) > longest or not pattern.match(text):
+        return False
+    if len(names) >= _VALID_NAMES_LIMIT:
+        names.clear()
+    names.add(text)
+    return True
+
+
 def _subdomain(text: str) -> bool:
     """dns_subdomain's check, remembered for a name seen before."""
-    if text in _VALID_SUBDOMAINS:
-        return True
-    if not text or len(text) > 253 or not _DNS1123_SUBDOMAIN.match(text):
-        return False
-    if len(_VALID_SUBDOMAINS) >= _VALID_NAMES_LIMIT:
-        _VALID_SUBDOMAINS.clear()
-    _VALID_SUBDOMAINS.add(text)
-    return True
+    return _remembered(_VALID_SUBDOMAINS, text, 253, _DNS1123_SUBDOMAIN)
 
 
 def _label(text: str) -> bool:
     """dns_label's check (with its default pattern), remembered for a name seen before."""
-    if text in _VALID_LABELS:
-        return True
-    if not text or len(text) > 63 or not _DNS1123_LABEL.match(text):
-        return False
-    if len(_VALID_LABELS) >= _VALID_NAMES_LIMIT:
-        _VALID_LABELS.clear()
-    _VALID_LABELS.add(text)
-    return True
+    return _remembered(_VALID_LABELS, text, 63, _DNS1123_LABEL)
 
 
 def _plain_endpoint(raw: Any, address_type: str) -> SliceEndpoint | None:
