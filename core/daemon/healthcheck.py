@@ -41,6 +41,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from kubeplex.core.daemon.sysctls import run_in_netns
 from kubeplex.core.model.graph import ProxyState
 from kubeplex.core.model.types import IPFamily
 
@@ -124,12 +125,9 @@ def _listen(host: str, port: int, netns: str | None) -> socket.socket:
             path = netns if "/" in netns else os.path.join("/run/netns", netns)
             if not os.path.exists(path):
                 raise FileNotFoundError(f"no network namespace {netns!r}")
-            from pyroute2 import netns as pyroute2_netns
-
-            # flags=0: never create the namespace; the socket lives in it for good.
-            sock: socket.socket = pyroute2_netns.create_socket(
-                netns=netns, family=family, socket_type=socket.SOCK_STREAM, flags=0
-            )
+            # Made by a thread inside the namespace, the socket lives in it for good (without
+            # pyroute2's netns module, whose import cost 0.12 s of every lab proxy's start).
+            sock = run_in_netns(netns, lambda: socket.socket(family, socket.SOCK_STREAM))
         else:
             sock = socket.socket(family, socket.SOCK_STREAM)
     except OSError as err:
