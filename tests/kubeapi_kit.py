@@ -5,6 +5,7 @@ configuration of the lab that reads from it."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,9 @@ import pytest
 import yaml
 from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer
 from cli_kit import LAB
+
+from kubeplex.core.config.kubeproxy import default_config
+from kubeplex.core.sources.kubeapi import KubeApiSource
 
 
 def rbac_server(request: pytest.FixtureRequest) -> Iterator[FakeApiServer]:
@@ -35,3 +39,25 @@ def write_config(tmp_path: Path, kubeconfig: Path) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+#: The API source's knobs in tests: fast retries and short timeouts, small pages.
+SOURCE_KNOBS: dict[str, Any] = {
+    "qps": 500.0,
+    "burst": 50,
+    "watch_timeout": 30.0,
+    "page_size": 2,
+    "backoff_initial": 0.05,
+    "backoff_max": 0.3,
+    "connect_timeout": 2.0,
+    "request_timeout": 10.0,
+}
+
+
+def api_source(srv: FakeApiServer, tmp_path: Path, node: str, **knobs: Any) -> KubeApiSource:
+    """A source (not started) reading ``srv`` through a kubeconfig, with ``SOURCE_KNOBS``
+    (each overridable)."""
+    kubeconfig = srv.write_kubeconfig(tmp_path / "kubeconfig")
+    cfg = default_config()
+    cfg = replace(cfg, client_connection=replace(cfg.client_connection, kubeconfig=str(kubeconfig)))
+    return KubeApiSource.from_config(cfg, node, **{**SOURCE_KNOBS, **knobs})

@@ -10,16 +10,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer
-from kubeapi_kit import rbac_server
+from kubeapi_kit import api_source, rbac_server
 from kubernetes.client.exceptions import ApiException
 
-from kubeplex.core.config.kubeproxy import default_config
 from kubeplex.core.model.types import IPFamily
 from kubeplex.core.sources.kubeapi import (
     ENDPOINTSLICES,
@@ -91,22 +89,7 @@ def make_source(srv: FakeApiServer, tmp_path: Path) -> Iterator[Callable[..., Ku
     made: list[KubeApiSource] = []
 
     def make(**kwargs: Any) -> KubeApiSource:
-        kubeconfig = srv.write_kubeconfig(tmp_path / "kubeconfig")
-        cfg = default_config()
-        cfg = replace(
-            cfg, client_connection=replace(cfg.client_connection, kubeconfig=str(kubeconfig))
-        )
-        knobs: dict[str, Any] = {
-            "qps": 500.0,
-            "burst": 50,
-            "watch_timeout": 30.0,
-            "page_size": 2,
-            "backoff_initial": 0.05,
-            "backoff_max": 0.3,
-            "connect_timeout": 2.0,
-            "request_timeout": 10.0,
-        }
-        source = KubeApiSource.from_config(cfg, NODE, **{**knobs, **kwargs})
+        source = api_source(srv, tmp_path, NODE, **kwargs)
         made.append(source)
         return source.start()
 

@@ -9,18 +9,16 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import kubernetes.client as k8s
 import pytest
 from apiserver import DEFAULT_RESOURCES, KUBE_PROXY_PERMISSIONS, FakeApiServer, RequestRecord
-from kubeapi_kit import rbac_server, write_config
+from kubeapi_kit import api_source, rbac_server, write_config
 
 from kubeplex.core.cli import main as cli
 from kubeplex.core.cli import run as run_command
-from kubeplex.core.config.kubeproxy import default_config
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.graph import ProxyState
 from kubeplex.core.model.types import IPFamily
@@ -132,22 +130,7 @@ def make_source(srv: FakeApiServer, tmp_path: Path) -> Iterator[Callable[..., Ku
     made: list[KubeApiSource] = []
 
     def make(**kwargs: Any) -> KubeApiSource:
-        cfg = default_config()
-        kubeconfig = srv.write_kubeconfig(tmp_path / "kubeconfig")
-        cfg = replace(
-            cfg, client_connection=replace(cfg.client_connection, kubeconfig=str(kubeconfig))
-        )
-        defaults: dict[str, Any] = {
-            "qps": 500.0,
-            "burst": 50,
-            "watch_timeout": 30.0,
-            "page_size": 2,
-            "backoff_initial": 0.05,
-            "backoff_max": 0.3,
-            "connect_timeout": 2.0,
-            "request_timeout": 10.0,
-        }
-        source = KubeApiSource.from_config(cfg, NODE, **{**defaults, **kwargs})
+        source = api_source(srv, tmp_path, NODE, **kwargs)
         made.append(source)
         return source
 
