@@ -13,32 +13,30 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+# Only what reading the configuration and starting the API source need is imported here:
+# the daemon's first request to the API server waits for these imports, while the rest
+# (the daemon's parts, the backend) is imported in serve() as the lists are on their way.
 from kubeplex.core.cli import logs
 from kubeplex.core.cli.config_watch import EXIT_CONFIG_CHANGED, ConfigWatch
-from kubeplex.core.cli.shared import (
+from kubeplex.core.cli.options import (
     EXIT_CONFIG,
     EXIT_OK,
     EXIT_SYNC_FAILED,
     Subparsers,
     add_common_options,
     load_effective_config,
-    make_backend,
     node_name,
-    state_from_manifests,
 )
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
-from kubeplex.core.daemon.modes import SwitchCleanup, SwitchReport
-from kubeplex.core.daemon.process import prepare_process, warn_unusable_fields
-from kubeplex.core.daemon.proxier import Proxier
-from kubeplex.core.daemon.runner import SyncRunner
-from kubeplex.core.dataplane import plugins
 from kubeplex.core.model.errors import KubeplexError
-from kubeplex.core.sources.manifests import ManifestSource
 
 if TYPE_CHECKING:
+    from kubeplex.core.daemon.modes import SwitchReport
     from kubeplex.core.daemon.operations import Operations
+    from kubeplex.core.daemon.runner import SyncRunner
     from kubeplex.core.model.cluster import ClusterState
     from kubeplex.core.sources.kubeapi import KubeApiSource
+    from kubeplex.core.sources.manifests import ManifestSource
 
 log = logging.getLogger("kubeplex")
 
@@ -159,12 +157,6 @@ def serve(
     With ``watch``, a change of the configuration file ends it with EXIT_CONFIG_CHANGED.
     After the first successful sync, the other modes' leftovers are removed (told to
     ``switched``): a node switched to this mode is never without rules."""
-    if once or netns is not None:
-        # One sync, or a lab's proxy inside a namespace: not the node's proxy process, whose
-        # OOM score is set (the fields nothing uses are still named).
-        warn_unusable_fields(cfg)
-    else:
-        prepare_process(cfg)
     stop = threading.Event()
     runner: SyncRunner | None = None
     config_changed = threading.Event()
@@ -195,6 +187,20 @@ def serve(
             api = _start_api_source(cfg, master)
             signal.signal(signal.SIGTERM, _stop)
             signal.signal(signal.SIGINT, _stop)
+        # Imported now: with an API source, while its lists are on their way.
+        from kubeplex.core.cli.shared import make_backend, state_from_manifests
+        from kubeplex.core.daemon.modes import SwitchCleanup
+        from kubeplex.core.daemon.process import prepare_process, warn_unusable_fields
+        from kubeplex.core.daemon.proxier import Proxier
+        from kubeplex.core.daemon.runner import SyncRunner
+        from kubeplex.core.dataplane import plugins
+
+        if once or netns is not None:
+            # One sync, or a lab's proxy inside a namespace: not the node's proxy process,
+            # whose OOM score is set (the fields nothing uses are still named).
+            warn_unusable_fields(cfg)
+        else:
+            prepare_process(cfg)
         backend = make_backend(cfg, netns)
         missing = plugins.missing_requirements(cfg.mode, backend)
         if missing:

@@ -1,104 +1,29 @@
-"""What the commands of ``kubeplex`` share: exit codes, options, the configuration, the backend."""
+"""What the commands of ``kubeplex`` share: exit codes, options and the configuration (from
+``options``, importable from here too), the backend and a cluster state from manifests."""
 
 from __future__ import annotations
 
-import argparse
-import os
-import socket
-import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, TypeAlias
 
-from kubeplex.core.config.kubeproxy import (
-    KubeProxyConfiguration,
-    default_config,
-    load_config,
-    with_overrides,
-)
+from kubeplex.core.cli.options import EXIT_BACKEND as EXIT_BACKEND
+from kubeplex.core.cli.options import EXIT_CONFIG as EXIT_CONFIG
+from kubeplex.core.cli.options import EXIT_OK as EXIT_OK
+from kubeplex.core.cli.options import EXIT_SYNC_FAILED as EXIT_SYNC_FAILED
+from kubeplex.core.cli.options import EXIT_USAGE as EXIT_USAGE
+from kubeplex.core.cli.options import Command as Command
+from kubeplex.core.cli.options import Subparsers as Subparsers
+from kubeplex.core.cli.options import add_common_options as add_common_options
+from kubeplex.core.cli.options import add_plugins_option as add_plugins_option
+from kubeplex.core.cli.options import add_verbosity_option as add_verbosity_option
+from kubeplex.core.cli.options import load_effective_config as load_effective_config
+from kubeplex.core.cli.options import node_name as node_name
+from kubeplex.core.cli.options import reporting_errors as reporting_errors
+from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
 from kubeplex.core.daemon.proxier import collector_paused
 from kubeplex.core.dataplane import plugins
 from kubeplex.core.dataplane.backend import Backend, BackendContext
 from kubeplex.core.model.cluster import ClusterState
-from kubeplex.core.model.errors import InvalidObject, KubeplexError
-from kubeplex.core.sources.manifests import ManifestSource, ManifestsUnavailable
-
-# Exit codes a script can act on.
-EXIT_OK = 0
-EXIT_SYNC_FAILED = 1
-EXIT_USAGE = 2
-EXIT_CONFIG = 3
-EXIT_BACKEND = 4
-
-
-def reporting_errors(prog: str, command: Callable[[], int]) -> int:
-    """Run ``command``; an error it raises is one line on stderr and its exit code."""
-    try:
-        return command()
-    except InvalidObject as err:
-        print(f"{prog}: invalid configuration: {err}", file=sys.stderr)
-        return EXIT_CONFIG
-    except (FileNotFoundError, ManifestsUnavailable) as err:
-        print(f"{prog}: {err}", file=sys.stderr)
-        return EXIT_CONFIG
-    except KubeplexError as err:
-        print(f"{prog}: {err}", file=sys.stderr)
-        return EXIT_BACKEND
-    except BrokenPipeError:  # `kubeplex render | head`: the reader has all it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
-
-
-def add_common_options(p: argparse.ArgumentParser, config_required: bool = False) -> None:
-    """The options of every command that builds a backend from a configuration."""
-    p.add_argument(
-        "--config", type=Path, required=config_required, help="KubeProxyConfiguration file"
-    )
-    p.add_argument("--hostname-override", help="node name (default: the hostname)")
-    p.add_argument(
-        "--proxy-mode", help="overrides mode (one of the backends `kubeplex backends` lists)"
-    )
-    p.add_argument("--cluster-cidr", help="overrides clusterCIDR (comma-separated, one per family)")
-    add_verbosity_option(p)
-    # Programs the rules inside a network namespace (used by the lab and the kernel tests).
-    p.add_argument("--netns", help=argparse.SUPPRESS)
-    add_plugins_option(p)
-
-
-def add_verbosity_option(p: argparse.ArgumentParser) -> None:
-    # None when not given: then the configuration's logging.verbosity applies, as upstream.
-    p.add_argument(
-        "-v", "--v", type=int, default=None, dest="verbosity", help="log verbosity (0-5)"
-    )
-
-
-def add_plugins_option(p: argparse.ArgumentParser, default: object = argparse.SUPPRESS) -> None:
-    """``--plugins FILE``: the trust list (plugins.toml) to use instead of the default one."""
-    p.add_argument(
-        "--plugins",
-        type=Path,
-        default=default,
-        metavar="FILE",
-        help=f"trust list of backends (default: ${plugins.ENV_VAR}, "
-        f"{plugins.SYSTEM_TRUST_FILE} if present, else the packaged plugins.toml)",
-    )
-
-
-def load_effective_config(args: argparse.Namespace) -> KubeProxyConfiguration:
-    """The configuration file (or the defaults) with the command line's overrides."""
-    modes = plugins.known_modes()
-    cfg = load_config(args.config, known_modes=modes) if args.config else default_config()
-    return with_overrides(
-        cfg,
-        hostname_override=args.hostname_override,
-        mode=args.proxy_mode,
-        cluster_cidr=args.cluster_cidr,
-        known_modes=modes,
-    )
-
-
-def node_name(cfg: KubeProxyConfiguration) -> str:
-    return (cfg.hostname_override or socket.gethostname()).strip().lower()
+from kubeplex.core.sources.manifests import ManifestSource
 
 
 def make_backend(cfg: KubeProxyConfiguration, netns: str | None) -> Backend:
@@ -116,19 +41,3 @@ def state_from_manifests(
     with collector_paused():  # parsing allocates an object per endpoint, none in a cycle
         source.load()
     return cluster, source
-
-
-#: What ``sub.add_parser`` is called on (argparse's subparsers action).
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
-
-
-class Command(Protocol):
-    """A module of one ``kubeplex`` command (see ``kubeplex.core.cli.main.COMMANDS``)."""
-
-    def add_parser(self, sub: Subparsers, name: str) -> argparse.ArgumentParser:
-        """Add the command's parser, called ``name``, to ``sub``."""
-        ...
-
-    def run(self, args: argparse.Namespace) -> int:
-        """Run the command; returns the exit code."""
-        ...

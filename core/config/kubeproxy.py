@@ -20,7 +20,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
@@ -182,7 +182,7 @@ def _build(document: object, where: str, known_modes: Iterable[str]) -> KubeProx
 
     cfg = decode(KubeProxyConfiguration, document, "", errs, extra_keys=("apiVersion", "kind"))
     cfg = _runtime_defaults(cfg, document)
-    validate(cfg, frozenset(known_modes), errs)
+    validate(cfg, known_modes if isinstance(known_modes, Collection) else tuple(known_modes), errs)
     if errs.items:
         raise InvalidObject(where, errs.items)
     return replace(cfg, source=where, _document=freeze(document))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from kubeplex.core.config.addresses import (
     is_port_range,
@@ -22,7 +22,7 @@ from kubeplex.core.config.schema import (
 )
 
 
-def validate(cfg: KubeProxyConfiguration, known_modes: frozenset[str], errs: Errors) -> None:
+def validate(cfg: KubeProxyConfiguration, known_modes: Collection[str], errs: Errors) -> None:
     """Add every rule ``cfg`` (defaults applied) breaks to ``errs``, always in the same order."""
     if cfg.mode not in known_modes:
         errs.add(

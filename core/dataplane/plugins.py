@@ -16,17 +16,17 @@ default ``kubeplex/core/dataplane/plugins.toml``. A list replaces the default, i
 to it.
 
 This module holds the list in effect, the loader (the only user of stevedore) and the survey;
-the list's format is in ``trust``, the node checks in ``requirements`` and the metadata of
-installed entry points in ``entrypoints``, whose names are importable from here as well.
+the list's format is in ``trust``, the file a command line chose in ``trustfile``, the node
+checks in ``requirements`` and the metadata of installed entry points in ``entrypoints``,
+whose names are importable from here as well.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint
 from importlib.resources import files
@@ -54,12 +54,13 @@ from kubeplex.core.dataplane.trust import Requirements as Requirements
 from kubeplex.core.dataplane.trust import TrustedBackend as TrustedBackend
 from kubeplex.core.dataplane.trust import TrustList as TrustList
 from kubeplex.core.dataplane.trust import parse_trust_list as parse_trust_list
+from kubeplex.core.dataplane.trustfile import ENV_VAR as ENV_VAR
+from kubeplex.core.dataplane.trustfile import SYSTEM_TRUST_FILE as SYSTEM_TRUST_FILE
+from kubeplex.core.dataplane.trustfile import selected
+from kubeplex.core.dataplane.trustfile import trusting as trusting
+from kubeplex.core.dataplane.trustfile import use_trust_file as use_trust_file
 from kubeplex.core.model.errors import FieldError, InvalidObject, KubeplexError
 
-#: The environment variable naming an operator's trust list.
-ENV_VAR = "KUBEPLEX_PLUGINS"
-#: An operator's trust list, read instead of the packaged default when it exists.
-SYSTEM_TRUST_FILE = Path("/etc/kubeplex/plugins.toml")
 #: The packaged default, inside the ``kubeplex.core`` package.
 PACKAGED_NAME = "plugins.toml"
 
@@ -70,28 +71,6 @@ class BackendRefused(KubeplexError):
 
 # ------------------------------------------------------------------------- which list is used
 
-_selected: Path | None = None
-
-
-def use_trust_file(path: str | os.PathLike[str] | None) -> None:
-    """Make ``path`` the trust list of this process (``--plugins FILE``); None: back to the
-    environment, /etc/kubeplex/plugins.toml and the packaged default."""
-    global _selected
-    _selected = Path(path) if path is not None else None
-
-
-@contextlib.contextmanager
-def trusting(path: str | os.PathLike[str] | None) -> Iterator[None]:
-    """:func:`use_trust_file` for the duration of a ``with`` block (None: leave it as it is)."""
-    global _selected
-    before = _selected
-    if path is not None:
-        _selected = Path(path)
-    try:
-        yield
-    finally:
-        _selected = before
-
 
 def packaged_trust_file() -> str:
     """Where the packaged default lives (inside the installed ``kubeplex.core`` package)."""
@@ -100,8 +79,9 @@ def packaged_trust_file() -> str:
 
 def trust_file() -> tuple[str, str]:
     """The trust list in effect: (path, origin)."""
-    if _selected is not None:
-        return str(_selected), "--plugins"
+    chosen = selected()
+    if chosen is not None:
+        return str(chosen), "--plugins"
     env = os.environ.get(ENV_VAR, "")
     if env:
         return env, f"${ENV_VAR}"

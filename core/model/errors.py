@@ -84,6 +84,11 @@ class KubeplexError(Exception):
     """Base of every error kubeplex reports to a user."""
 
 
+class InputUnavailable(KubeplexError):
+    """An input named on the command line (a manifests path) cannot be read at all: the
+    configuration's fault, not a backend's."""
+
+
 class FieldError(KubeplexError):
     """One bad field: ``path`` is dotted (``iptables.minSyncPeriod``), ``message`` says why.
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kubeplex.core.model.cluster import ClusterState
-from kubeplex.core.model.errors import KubeplexError, bare, shown
+from kubeplex.core.model.errors import InputUnavailable, bare, shown
 from kubeplex.core.sources import manifest_loader
 from kubeplex.core.sources.manifest_scan import SUFFIXES, FolderScan, StatKey, scan, stat_key
 
@@ -51,7 +51,7 @@ Ident = tuple[str, str, str]
 Objects = dict[Ident, Mapping[str, Any]]
 
 
-class ManifestsUnavailable(KubeplexError):
+class ManifestsUnavailable(InputUnavailable):
     """The manifests path cannot be read at the first load: there is no last state to keep."""
 
 
