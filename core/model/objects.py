@@ -9,6 +9,7 @@ writes into a rule is checked here, with an error that names the object and the 
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from kubeplex.core.model.types import (
     family_of,
     normalize_cidr,
     normalize_ip,
+    slot_setters,
 )
 
 # Anchored with \Z, not $: "$" also matches before a trailing newline ("web\n" would pass).
@@ -258,8 +260,139 @@ def _safe(value: Any) -> str:
     return shown(value, 80)
 
 
+def _plain_service(obj: Any) -> ServiceObject | None:
+    """The common, valid Service (ClusterIP, NodePort or LoadBalancer without ingress, external
+    IPs or session affinity), checked without building field paths: the same checks as the
+    general path of parse_service, which takes over (and names the field) for anything else."""
+    if type(obj) is not dict:
+        return None
+    meta, spec, status = obj.get("metadata"), obj.get("spec"), obj.get("status")
+    if type(meta) is not dict or type(spec) is not dict:
+        return None
+    if status is not None:
+        if type(status) is not dict:
+            return None
+        lb = status.get("loadBalancer")
+        if lb is not None and (type(lb) is not dict or lb.get("ingress") not in _NOTHING):
+            return None
+    name, namespace = meta.get("name"), meta.get("namespace", "default")
+    if type(name) is not str or type(namespace) is not str or not _label(name):
+        return None
+    if not _label(namespace):
+        return None
+    svc_type = _PLAIN_SERVICE_TYPES.get(_text(spec.get("type")))
+    etp = _POLICIES.get(_text(spec.get("externalTrafficPolicy")))
+    itp = _POLICIES.get(_text(spec.get("internalTrafficPolicy")))
+    hc_port = spec.get("healthCheckNodePort")
+    traffic_distribution = spec.get("trafficDistribution")
+    if hc_port is None:
+        hc_port = 0
+    if traffic_distribution is None:
+        traffic_distribution = ""
+    if (
+        svc_type is None
+        or etp is None
+        or itp is None
+        or _text(spec.get("sessionAffinity")) not in ("", "None")
+        or type(hc_port) is not int
+        or not 0 <= hc_port <= 65535
+        or type(traffic_distribution) is not str
+        or spec.get("externalIPs") not in _NOTHING
+        or spec.get("loadBalancerSourceRanges") not in _NOTHING
+    ):
+        return None
+    raw_ips = spec.get("clusterIPs")
+    if type(raw_ips) is not list or not 1 <= len(raw_ips) <= 2:
+        return None
+    cluster_ips: list[str] = []
+    for raw in raw_ips:
+        if type(raw) is not str or raw == "None" or raw == "":
+            return None  # (a headless Service: the general path)
+        try:
+            cluster_ips.append(normalize_ip(raw))
+        except ValueError:
+            return None
+    if len(cluster_ips) == 2 and (":" in cluster_ips[0]) == (":" in cluster_ips[1]):
+        return None
+    raw_ports = spec.get("ports")
+    if raw_ports is None:
+        raw_ports = []
+    elif type(raw_ports) is not list:
+        return None
+    with_node_port = svc_type != "ClusterIP"
+    ports: list[PortSpec] = []
+    seen_names: set[str] = set()
+    seen: set[tuple[Protocol, int]] = set()
+    for p in raw_ports:
+        if type(p) is not dict:
+            return None
+        pname, protocol = p.get("name"), p.get("protocol")
+        port, node_port = p.get("port"), p.get("nodePort")
+        if pname is None:
+            pname = ""
+        if node_port is None:
+            node_port = 0
+        if protocol is None or protocol == "":
+            proto = Protocol.TCP
+        elif type(protocol) is str and protocol in _PROTOCOLS:
+            proto = _PROTOCOLS[protocol]
+        else:
+            return None
+        if (
+            type(pname) is not str
+            or (pname and (len(pname) > 15 or not _PORT_NAME.match(pname)))
+            or (not pname and len(raw_ports) > 1)
+            or pname in seen_names
+            or type(port) is not int
+            or not 1 <= port <= 65535
+            or type(node_port) is not int
+            or not 0 <= node_port <= 65535
+            or (node_port and not with_node_port)
+            or (proto, port) in seen
+        ):
+            return None
+        if pname:
+            seen_names.add(pname)
+        seen.add((proto, port))
+        ports.append(PortSpec(pname, proto, port, node_port))
+    return ServiceObject(
+        namespace=namespace,
+        name=name,
+        type=svc_type,
+        cluster_ips=tuple(cluster_ips),
+        headless=False,
+        ports=tuple(ports),
+        internal_traffic_policy=itp,
+        external_traffic_policy=etp,
+        health_check_node_port=hc_port,
+        traffic_distribution=traffic_distribution,
+    )
+
+
+#: What an unset optional field may be in the fast paths: absent, null, or empty.
+_NOTHING: tuple[Any, ...] = (None, [])
+#: A field's text (see _text) -> the value it stands for, when the fast path takes it.
+_PLAIN_SERVICE_TYPES: dict[str | None, str] = {
+    "": "ClusterIP",
+    "ClusterIP": "ClusterIP",
+    "NodePort": "NodePort",
+    "LoadBalancer": "LoadBalancer",
+}
+_POLICIES: dict[str | None, str] = {"": "Cluster", "Cluster": "Cluster", "Local": "Local"}
+
+
+def _text(value: Any) -> str | None:
+    """A field that defaults when unset or empty: its text ("" for unset), None for no string."""
+    if value is None:
+        return ""
+    return value if type(value) is str else None
+
+
 def parse_service(obj: Mapping[str, Any]) -> ServiceObject:
     """Validate a v1 Service; raises InvalidObject naming ``Service ns/name`` and each field."""
+    plain = _plain_service(obj)
+    if plain is not None:
+        return plain
     f = _Fields()
     namespace, name, _ = _metadata(f, obj)
     spec = f.mapping(obj.get("spec"), "spec")
@@ -519,11 +652,51 @@ def _plain_slice(obj: Any) -> EndpointSliceObject | None:
             return None
         ports.append(SlicePort(pname, proto, port))
     endpoints: list[SliceEndpoint] = []
+    append = endpoints.append
+    v4 = address_type == "IPv4"
+    nodes, zones, make = _VALID_SUBDOMAINS, _ZONES, _new_slice_endpoint
     for raw in raw_endpoints:
-        endpoint = _plain_endpoint(raw, address_type)
+        # The endpoint as an API server writes it (IPv4, the three conditions, a node name
+        # and zone seen before, no hints) is checked here; _plain_endpoint takes anything else.
+        endpoint = None
+        if v4 and type(raw) is dict and raw.get("hints") is None:
+            addresses, cond = raw.get("addresses"), raw.get("conditions")
+            node_name, zone = raw.get("nodeName"), raw.get("zone")
+            if (
+                type(addresses) is list
+                and addresses
+                and type(addresses[0]) is str
+                and type(cond) is dict
+                and type(node_name) is str
+                and (zone is None or type(zone) is str)
+            ):
+                ready = cond.get("ready")
+                serving = cond.get("serving")
+                terminating = cond.get("terminating")
+                node = nodes.get(node_name)
+                zone = "" if zone is None else zones.get(zone)
+                if (
+                    type(ready) is bool
+                    and type(serving) is bool
+                    and type(terminating) is bool
+                    and node is not None
+                    and zone is not None
+                ):
+                    # What inet_pton accepts is what normalize_ip accepts unchanged (no
+                    # space, no scope): anything else is left to normalize_ip.
+                    try:
+                        ip = _ntop(_AF_INET, _pton(_AF_INET, addresses[0]))
+                    except (OSError, ValueError):
+                        pass
+                    else:
+                        endpoint = make(
+                            ip, ready, serving, terminating, node, zone, _NO_HINTS, _NO_HINTS
+                        )
         if endpoint is None:
-            return None
-        endpoints.append(endpoint)
+            endpoint = _plain_endpoint(raw, address_type)
+            if endpoint is None:
+                return None
+        append(endpoint)
     trigger = annotations.get(TRIGGER_TIME_ANNOTATION, "")
     return EndpointSliceObject(
         namespace=namespace,
@@ -538,13 +711,15 @@ def _plain_slice(obj: Any) -> EndpointSliceObject | None:
 
 _PROTOCOLS = {p.value: p for p in Protocol}
 #: Names already found valid (node, namespace and Service names repeat across a cluster's
-#: objects): bounded, so hostile input cannot grow them without end.
-_VALID_SUBDOMAINS: set[str] = set()
-_VALID_LABELS: set[str] = set()
+#: objects), each to the first copy seen, which every object then shares; zones (any string
+#: is one) likewise. Bounded, so hostile input cannot grow them without end.
+_VALID_SUBDOMAINS: dict[str, str] = {}
+_VALID_LABELS: dict[str, str] = {}
+_ZONES: dict[str, str] = {}
 _VALID_NAMES_LIMIT = 65536
 
 
-def _remembered(names: set[str], text: str, longest: int, pattern: re.Pattern[str]) -> bool:
+def _remembered(names: dict[str, str], text: str, longest: int, pattern: re.Pattern[str]) -> bool:
     """Whether ``text`` is at most ``longest`` long and matches ``pattern``; a valid one is
     remembered in ``names`` (emptied when full)."""
     if text in names:
@@ -553,7 +728,7 @@ def _remembered(names: set[str], text: str, longest: int, pattern: re.Pattern[st
         return False
     if len(names) >= _VALID_NAMES_LIMIT:
         names.clear()
-    names.add(text)
+    names[text] = text
     return True
 
 
@@ -565,6 +740,16 @@ def _subdomain(text: str) -> bool:
 def _label(text: str) -> bool:
     """dns_label's check (with its default pattern), remembered for a name seen before."""
     return _remembered(_VALID_LABELS, text, 63, _DNS1123_LABEL)
+
+
+def _zone(text: str) -> str:
+    """The shared copy of a zone name."""
+    found = _ZONES.get(text)
+    if found is None:
+        if len(_ZONES) >= _VALID_NAMES_LIMIT:
+            _ZONES.clear()
+        found = _ZONES[text] = text
+    return found
 
 
 def _plain_endpoint(raw: Any, address_type: str) -> SliceEndpoint | None:
@@ -608,13 +793,13 @@ def _plain_endpoint(raw: Any, address_type: str) -> SliceEndpoint | None:
         node_hints = _plain_hints(hints.get("forNodes"))
     if zone_hints is None or node_hints is None:
         return None
-    return SliceEndpoint(
+    return _new_slice_endpoint(
         ip,
         True if ready is None else ready,
         True if serving is None else serving,
         bool(terminating),
-        node_name or "",
-        zone or "",
+        _VALID_SUBDOMAINS.get(node_name, node_name) if node_name else "",
+        _zone(zone) if zone else "",
         zone_hints,
         node_hints,
     )
@@ -629,11 +814,46 @@ def _node_name_ok(text: str) -> bool:
         return True
     if len(_VALID_SUBDOMAINS) >= _VALID_NAMES_LIMIT:
         _VALID_SUBDOMAINS.clear()
-    _VALID_SUBDOMAINS.add(text)
+    _VALID_SUBDOMAINS[text] = text
     return True
 
 
 _NO_HINTS: frozenset[str] = frozenset()
+_AF_INET = socket.AF_INET
+_pton, _ntop = socket.inet_pton, socket.inet_ntop
+(
+    _se_ip,
+    _se_ready,
+    _se_serving,
+    _se_terminating,
+    _se_node_name,
+    _se_zone,
+    _se_zone_hints,
+    _se_node_hints,
+) = slot_setters(SliceEndpoint, "ip ready serving terminating node_name zone zone_hints node_hints")
+
+
+def _new_slice_endpoint(
+    ip: str,
+    ready: bool,
+    serving: bool,
+    terminating: bool,
+    node_name: str,
+    zone: str,
+    zone_hints: frozenset[str],
+    node_hints: frozenset[str],
+) -> SliceEndpoint:
+    """``SliceEndpoint(...)`` without the generated __init__'s cost (see slot_setters)."""
+    endpoint: SliceEndpoint = object.__new__(SliceEndpoint)
+    _se_ip(endpoint, ip)
+    _se_ready(endpoint, ready)
+    _se_serving(endpoint, serving)
+    _se_terminating(endpoint, terminating)
+    _se_node_name(endpoint, node_name)
+    _se_zone(endpoint, zone)
+    _se_zone_hints(endpoint, zone_hints)
+    _se_node_hints(endpoint, node_hints)
+    return endpoint
 
 
 def _plain_hints(raw: Any) -> frozenset[str] | None:

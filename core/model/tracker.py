@@ -19,6 +19,7 @@ from kubeplex.core.model.types import (
     ServicePort,
     ServicePortName,
     family_of,
+    new_endpoint,
 )
 
 PortMap = dict[ServicePortName, ServicePort]
@@ -152,20 +153,23 @@ def merge_slices(slices: Mapping[str, EndpointSliceObject], node_name: str) -> E
     # The hot loop of a first checkout (an Endpoint per endpoint and port): each address is
     # formatted once (as Endpoint.address does), and an Endpoint only made when it is kept.
     by_port: dict[ServicePortName, dict[str, Endpoint]] = {}
+    local_name = node_name or None  # (no endpoint is local to a node without a name)
+    make = new_endpoint
     for slice_name in sorted(slices):
         es = slices[slice_name]
+        endpoints = es.endpoints
         for port in es.ports:
             spn = ServicePortName(es.namespace, es.service_name, port.name, port.protocol)
             seen = by_port.setdefault(spn, {})
             number = port.port
-            for sep in es.endpoints:
+            for sep in endpoints:
                 ip = sep.ip
                 address = f"[{ip}]:{number}" if ":" in ip else f"{ip}:{number}"
-                is_local = bool(node_name) and sep.node_name == node_name
+                is_local = sep.node_name == local_name
                 # An endpoint moving between slices shows up twice for a moment; upstream
                 # keeps one, preferring the copy that says it is local.
                 if is_local or address not in seen:
-                    seen[address] = Endpoint(
+                    seen[address] = make(
                         ip,
                         number,
                         sep.ready,
