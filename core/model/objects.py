@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +20,9 @@ from kubeplex.core.model.types import (
     NodeInfo,
     Protocol,
     family_of,
+    fast_init,
     normalize_cidr,
     normalize_ip,
-    slot_setters,
 )
 
 # Anchored with \Z, not $: "$" also matches before a trailing newline ("web\n" would pass).
@@ -354,19 +354,29 @@ def _plain_service(obj: Any) -> ServiceObject | None:
         if pname:
             seen_names.add(pname)
         seen.add((proto, port))
-        ports.append(PortSpec(pname, proto, port, node_port))
-    return ServiceObject(
-        namespace=namespace,
-        name=name,
-        type=svc_type,
-        cluster_ips=tuple(cluster_ips),
-        headless=False,
-        ports=tuple(ports),
-        internal_traffic_policy=itp,
-        external_traffic_policy=etp,
-        health_check_node_port=hc_port,
-        traffic_distribution=traffic_distribution,
+        ports.append(_new_port_spec(pname, proto, port, node_port))
+    # (ServiceObject's fields, in order)
+    return _new_service(
+        namespace,
+        name,
+        svc_type,
+        tuple(cluster_ips),
+        False,
+        tuple(ports),
+        (),
+        (),
+        (),
+        False,
+        DEFAULT_AFFINITY_TIMEOUT,
+        etp,
+        itp,
+        hc_port,
+        traffic_distribution,
     )
+
+
+_new_service: Callable[..., ServiceObject] = fast_init(ServiceObject)
+_new_port_spec: Callable[[str, Protocol, int, int], PortSpec] = fast_init(PortSpec)
 
 
 #: What an unset optional field may be in the fast paths: absent, null, or empty.
@@ -821,39 +831,10 @@ def _node_name_ok(text: str) -> bool:
 _NO_HINTS: frozenset[str] = frozenset()
 _AF_INET = socket.AF_INET
 _pton, _ntop = socket.inet_pton, socket.inet_ntop
-(
-    _se_ip,
-    _se_ready,
-    _se_serving,
-    _se_terminating,
-    _se_node_name,
-    _se_zone,
-    _se_zone_hints,
-    _se_node_hints,
-) = slot_setters(SliceEndpoint, "ip ready serving terminating node_name zone zone_hints node_hints")
-
-
-def _new_slice_endpoint(
-    ip: str,
-    ready: bool,
-    serving: bool,
-    terminating: bool,
-    node_name: str,
-    zone: str,
-    zone_hints: frozenset[str],
-    node_hints: frozenset[str],
-) -> SliceEndpoint:
-    """``SliceEndpoint(...)`` without the generated __init__'s cost (see slot_setters)."""
-    endpoint: SliceEndpoint = object.__new__(SliceEndpoint)
-    _se_ip(endpoint, ip)
-    _se_ready(endpoint, ready)
-    _se_serving(endpoint, serving)
-    _se_terminating(endpoint, terminating)
-    _se_node_name(endpoint, node_name)
-    _se_zone(endpoint, zone)
-    _se_zone_hints(endpoint, zone_hints)
-    _se_node_hints(endpoint, node_hints)
-    return endpoint
+#: SliceEndpoint(ip, ready, serving, terminating, node_name, zone, zone_hints, node_hints).
+_new_slice_endpoint: Callable[
+    [str, bool, bool, bool, str, str, frozenset[str], frozenset[str]], SliceEndpoint
+] = fast_init(SliceEndpoint)
 
 
 def _plain_hints(raw: Any) -> frozenset[str] | None:

@@ -20,6 +20,8 @@ from kubeplex.core.model.types import (
     ServicePortName,
     family_of,
     new_endpoint,
+    new_service_port,
+    new_service_port_name,
 )
 
 PortMap = dict[ServicePortName, ServicePort]
@@ -45,36 +47,40 @@ def service_ports(svc: ServiceObject, family: IPFamily) -> PortMap:
         svc.health_check_node_port if svc.type == "LoadBalancer" and external_local else 0
     )
     # What every port of the Service shares, computed once.
-    external_ips = tuple(dict.fromkeys(ip for ip in svc.external_ips if family_of(ip) is family))
-    vips = tuple(
-        dict.fromkeys(ip for ip in svc.load_balancer_ingress_ips if family_of(ip) is family)
-    )
-    ranges = tuple(
-        dict.fromkeys(c for c in svc.load_balancer_source_ranges if family_of(c) is family)
-    )
-    with_node_port = svc.type in ("NodePort", "LoadBalancer")
+    external_ips = _of_family(svc.external_ips, family)
+    vips = _of_family(svc.load_balancer_ingress_ips, family)
+    ranges = _of_family(svc.load_balancer_source_ranges, family)
+    node_ports = svc.type in ("NodePort", "LoadBalancer")
     internal_local = svc.internal_traffic_policy == "Local"
     ports: PortMap = {}
     for p in svc.ports:
-        spn = ServicePortName(svc.namespace, svc.name, p.name, p.protocol)
-        ports[spn] = ServicePort(
-            name=spn,
-            family=family,
-            cluster_ip=cluster_ip,
-            port=p.port,
-            protocol=p.protocol,
-            node_port=p.node_port if with_node_port else 0,
-            external_ips=external_ips,
-            load_balancer_vips=vips,
-            load_balancer_source_ranges=ranges,
-            session_affinity_client_ip=svc.session_affinity_client_ip,
-            sticky_max_age_seconds=svc.affinity_timeout,
-            internal_policy_local=internal_local,
-            external_policy_local=external_local,
-            health_check_node_port=health_check,
-            traffic_distribution=svc.traffic_distribution,
+        spn = new_service_port_name(svc.namespace, svc.name, p.name, p.protocol)
+        # (ServicePort's fields, in order)
+        ports[spn] = new_service_port(
+            spn,
+            family,
+            cluster_ip,
+            p.port,
+            p.protocol,
+            p.node_port if node_ports else 0,
+            external_ips,
+            vips,
+            ranges,
+            svc.session_affinity_client_ip,
+            svc.affinity_timeout,
+            internal_local,
+            external_local,
+            health_check,
+            svc.traffic_distribution,
         )
     return ports
+
+
+def _of_family(addresses: tuple[str, ...], family: IPFamily) -> tuple[str, ...]:
+    """The addresses (or CIDRs) of one family, de-duplicated, in order."""
+    if not addresses:
+        return ()
+    return tuple(dict.fromkeys(a for a in addresses if family_of(a) is family))
 
 
 def _changed_keys(
@@ -159,7 +165,7 @@ def merge_slices(slices: Mapping[str, EndpointSliceObject], node_name: str) -> E
         es = slices[slice_name]
         endpoints = es.endpoints
         for port in es.ports:
-            spn = ServicePortName(es.namespace, es.service_name, port.name, port.protocol)
+            spn = new_service_port_name(es.namespace, es.service_name, port.name, port.protocol)
             seen = by_port.setdefault(spn, {})
             number = port.port
             for sep in endpoints:

@@ -9,7 +9,17 @@ import pytest
 
 from kubeplex.core.model import objects
 from kubeplex.core.model.objects import SliceEndpoint
-from kubeplex.core.model.types import Endpoint, new_endpoint, slot_setters
+from kubeplex.core.model.types import (
+    Endpoint,
+    IPFamily,
+    Protocol,
+    ServicePort,
+    ServicePortName,
+    fast_init,
+    new_endpoint,
+    new_service_port,
+    new_service_port_name,
+)
 
 
 def test_new_endpoint_is_the_constructed_one() -> None:
@@ -27,10 +37,28 @@ def test_new_slice_endpoint_is_the_constructed_one() -> None:
     assert made == SliceEndpoint(*args) and repr(made) == repr(SliceEndpoint(*args))
 
 
-def test_slot_setters_must_name_every_field_in_order() -> None:
-    with pytest.raises(TypeError, match="fields are"):
-        slot_setters(Endpoint, "ip port")
-    with pytest.raises(TypeError, match="fields are"):
-        slot_setters(
-            SliceEndpoint, "ready ip serving terminating node_name zone zone_hints node_hints"
-        )
+def test_new_service_port_is_the_constructed_one() -> None:
+    spn = new_service_port_name("ns", "web", "http", Protocol.UDP)
+    assert spn == ServicePortName("ns", "web", "http", Protocol.UDP)
+    assert hash(spn) == hash(ServicePortName("ns", "web", "http", Protocol.UDP))
+    assert spn < ServicePortName("ns", "web", "https") and str(spn) == "ns/web:http"
+    args = (spn, IPFamily.IPv6, "fd00::1", 53, Protocol.UDP, 30053, ("fd00::2",), ("fd00::3",))
+    rest = (("fd00::/64",), True, 60, True, False, 30999, "PreferClose")
+    assert new_service_port(*args, *rest) == ServicePort(*args, *rest)
+
+
+def test_fast_init_takes_only_plain_frozen_slotted_dataclasses() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Unslotted:
+        a: int
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Checked:
+        a: int
+
+        def __post_init__(self) -> None:
+            raise ValueError
+
+    for cls in (Unslotted, Checked):
+        with pytest.raises(TypeError, match="not a plain"):
+            fast_init(cls)
