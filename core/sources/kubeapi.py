@@ -41,6 +41,7 @@ not have on its own.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import gc
 import importlib.util
@@ -684,6 +685,9 @@ def _list_meta(data: bytes) -> JSON | None:
 def _list_items(body: Any) -> Iterator[JSON]:
     """The items of a list response, one at a time: decoded from its text item by item (so
     no second copy of the whole list is ever built), or taken from the decoded list."""
+    if isinstance(body, _Streamed):
+        yield from _streamed_items(body)
+        return
     if isinstance(body, dict):
         got = body.get("items") or []
         yield from (item for item in got if isinstance(item, dict)) if isinstance(got, list) else ()
@@ -733,6 +737,91 @@ def _items_start(text: str) -> int:
             pos += 1
     except (ValueError, IndexError):
         return -1
+
+
+#: How much of a list response is read at a time while its items are decoded.
+_CHUNK = 1 << 16
+
+
+@dataclass
+class _Streamed:
+    """The last page of a list, still arriving: ``head`` (read to find its list metadata),
+    then ``rest``; its items are decoded as they come in (an API server that streams lists,
+    as kube-apiserver does since 1.33, is still writing the later ones). ``release(read)``
+    gives the connection back: for reuse once the page is all read, closed if not."""
+
+    head: bytes
+    rest: Iterator[bytes]
+    release: Callable[[bool], None]
+
+
+def _streamed_items(page: _Streamed) -> Iterator[JSON]:
+    """The items of a streamed page, each decoded once it is complete: what is incomplete
+    at the end of the text read so far is decoded again with more text (a failure counts
+    only when the response has ended)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    text = decoder.decode(page.head)
+    ended = read = False
+
+    def more() -> bool:
+        nonlocal text, ended
+        for chunk in page.rest:
+            if chunk:
+                text += decoder.decode(chunk)
+                return True
+        if not ended:
+            text += decoder.decode(b"", final=True)
+            ended = True
+        return False
+
+    try:
+        start = _items_start(text)
+        while start < 0 and more():
+            start = _items_start(text)
+        if start < 0:  # not laid out as the API server writes it: decode it whole
+            while more():
+                pass
+            read = True
+            yield from _list_items(text)
+            return
+        pos = start
+        while True:
+            pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
+            if pos == len(text) and more():
+                continue
+            if text[pos : pos + 1] == "]":
+                read = _drained(more)
+                return
+            try:
+                item, end = _DECODER.raw_decode(text, pos)
+            except ValueError:
+                if more():
+                    continue
+                raise
+            if isinstance(item, dict):
+                yield item
+            pos = _WS.match(text, end).end()  # type: ignore[union-attr]
+            while pos == len(text) and more():
+                pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
+            sep = text[pos : pos + 1]
+            if sep == "]":
+                read = _drained(more)
+                return
+            if sep != ",":
+                raise ValueError(f"list response: expected ',' or ']' at {pos}, got {sep!r}")
+            pos += 1
+            if pos > _CHUNK:  # what is decoded goes: the text held stays about a chunk
+                text, pos = text[pos:], 0
+    finally:
+        page.release(read)
+
+
+def _drained(more: Callable[[], bool]) -> bool:
+    """Read what follows the items (the closing brace) to the response's end: True, the
+    connection can be reused."""
+    while more():
+        pass
+    return True
 
 
 def _slim(obj: JSON) -> JSON:
@@ -786,6 +875,41 @@ def _rv_unavailable(err: ApiException) -> bool:
         ):
             return True
     return "Too large resource version" in str(status.get("message", ""))
+
+
+def _read_page(resp: Any) -> tuple[Any, JSON]:
+    """A list response's page and its list metadata. The metadata comes before the items (as
+    the API server writes them): the last page (no continue token) is handed on still
+    arriving, a :class:`_Streamed`; another is read whole, its connection free for the next
+    request; a response laid out otherwise is decoded whole here."""
+    chunks = resp.stream(_CHUNK, decode_content=True)
+    head = b""
+    try:
+        meta = None
+        for chunk in chunks:
+            head += chunk
+            meta = _list_meta(head)
+            if meta is not None or len(head) >= 4096:
+                break
+        if meta is not None and not (meta.get("continue") or ""):
+            return _Streamed(head, chunks, lambda read: _let_go(resp, read)), meta
+        data = head + b"".join(chunks)
+    except BaseException:
+        _let_go(resp, False)
+        raise
+    _let_go(resp, True)
+    if meta is None:  # no metadata before the items: decode it all here
+        body = json.loads(data)
+        return body, body.get("metadata") or {}
+    return data, meta
+
+
+def _let_go(resp: Any, read: bool) -> None:
+    """Give a response's connection back to the pool: closed unless the response was read to
+    its end (what is left of it must not be taken for the next response)."""
+    if not read:
+        resp.close()
+    resp.release_conn()
 
 
 def _iter_lines(resp: Any) -> Iterator[bytes]:
@@ -1235,15 +1359,7 @@ class KubeApiSource:
                     if err.status in (403, 404) and not r.required:
                         raise _Missing(err.status, _describe(err)) from err
                     raise
-                try:
-                    data = resp.data
-                finally:
-                    resp.release_conn()
-                body: Any = data
-                meta = _list_meta(data)
-                if meta is None:  # no metadata before the items: decode it all here
-                    body = json.loads(data)
-                    meta = body.get("metadata") or {}
+                body, meta = _read_page(resp)
                 token = meta.get("continue") or ""
                 if rv == "0" and token:
                     r.paginated = True  # no watch cache answered: page the relists too

@@ -1,12 +1,15 @@
-"""The list metadata a page is read ahead for (the next page's request needs only it)."""
+"""The list metadata a page is read ahead for (the next page's request needs only it), and the
+items of a page, decoded one by one from the whole text or as it arrives."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kubeplex.core.sources.kubeapi import _list_items, _list_meta, _slim
+from kubeplex.core.sources.kubeapi import _list_items, _list_meta, _slim, _Streamed
 
 
 def test_list_meta_is_read_before_the_items() -> None:
@@ -109,3 +112,86 @@ def test_slim_drops_what_nothing_reads_and_keeps_the_rest() -> None:
     }
     assert slim["endpoints"] == [{"addresses": ["10.0.0.1"], "zone": "a"}, "odd"]
     assert _slim({"metadata": "odd", "endpoints": "odd"}) == {"metadata": "odd", "endpoints": "odd"}
+
+
+# ---------------------------------------------------------------------- items, as they arrive
+
+
+def streamed(text: bytes, sizes: list[int]) -> tuple[_Streamed, list[bool]]:
+    """``text`` as a streamed page arriving in pieces of ``sizes`` (cycled); the release
+    calls it made."""
+    released: list[bool] = []
+    cuts, pos, i = [], 0, 0
+    while pos < len(text):
+        step = max(1, sizes[i % len(sizes)])
+        cuts.append(text[pos : pos + step])
+        pos, i = pos + step, i + 1
+    return _Streamed(cuts[0] if cuts else b"", iter(cuts[1:]), released.append), released
+
+
+UNICODE_ITEMS = [
+    *ITEMS,
+    {"metadata": {"name": "c", "annotations": {"note": "é ü 漢字 \u2028 😀"}}},
+    {"metadata": {"name": "d"}, "spec": {"ports": [{"port": 81}] * 50}},
+]
+
+
+@given(
+    sizes=st.lists(st.integers(1, 300), min_size=1, max_size=8),
+    indent=st.sampled_from([None, 1, 2]),
+    items=st.lists(st.sampled_from(UNICODE_ITEMS), max_size=12),
+)
+@settings(max_examples=300, deadline=None)
+def test_streamed_items_are_those_of_the_whole_however_the_text_is_cut(
+    sizes: list[int], indent: int | None, items: list[dict[str, object]]
+) -> None:
+    page = {"kind": "ServiceList", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}}
+    text = json.dumps({**page, "items": items}, indent=indent, ensure_ascii=False).encode()
+    body, released = streamed(text, sizes)
+    assert list(_list_items(body)) == items
+    assert released == [True]  # all read: the connection is reused
+
+
+@pytest.mark.parametrize("size", [1, 7, 4096])
+@pytest.mark.parametrize(
+    ("page", "expected"),
+    [
+        ({"items": ITEMS, "metadata": {}}, ITEMS),  # items first: decoded whole
+        ({"metadata": {}, "items": ITEMS, "kind": "ServiceList"}, ITEMS),
+        ({"items": [ITEMS[0], 3, ITEMS[1]]}, ITEMS),
+        ({"kind": "ServiceList", "items": None}, []),
+    ],
+)
+def test_streamed_items_of_other_layouts(
+    size: int, page: dict[str, object], expected: list[object]
+) -> None:
+    body, released = streamed(json.dumps(page).encode(), [size])
+    assert list(_list_items(body)) == expected
+    assert released == [True]
+
+
+@pytest.mark.parametrize("size", [1, 5, 4096])
+@pytest.mark.parametrize(
+    ("text", "reused"),
+    [
+        # not reused: what is left of the response would be taken for the next one
+        (b'{"items": [{"a": 1} {"b": 2}]}', False),
+        (b'{"kind": "x", "items": [{"a": 1},', False),  # the response ended halfway
+        (b'{"kind": "x", "items": [{"a": "unterminated', False),
+        (b"{", True),  # no items array found: read to its end, then decoded whole
+    ],
+)
+def test_streamed_items_of_a_broken_response_raise(size: int, text: bytes, reused: bool) -> None:
+    body, released = streamed(text, [size])
+    with pytest.raises(ValueError):
+        list(_list_items(body))
+    assert released == [reused]
+
+
+def test_a_streamed_page_given_up_halfway_closes_its_connection() -> None:
+    text = json.dumps({"metadata": {}, "items": ITEMS}).encode()
+    body, released = streamed(text, [8])
+    items = _list_items(body)
+    assert next(items) == ITEMS[0]
+    items.close()
+    assert released == [False]

@@ -15,6 +15,7 @@ from typing import Any
 import kubernetes.client as k8s
 import pytest
 from apiserver import DEFAULT_RESOURCES, KUBE_PROXY_PERMISSIONS, FakeApiServer, RequestRecord
+from apiserver import server as apiserver_module
 from kubeapi_kit import api_source, rbac_server, write_config
 
 from kubeplex.core.cli import main as cli
@@ -22,6 +23,7 @@ from kubeplex.core.cli import run as run_command
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.graph import ProxyState
 from kubeplex.core.model.types import IPFamily
+from kubeplex.core.sources import kubeapi
 from kubeplex.core.sources.kubeapi import (
     ENDPOINTSLICES,
     NODES,
@@ -159,6 +161,22 @@ def watches(srv: FakeApiServer, resource: str) -> list[RequestRecord]:
 
 
 # ------------------------------------------------------------------------------------ tests
+
+
+@pytest.mark.parametrize("srv", [{"stream_lists": True}, {"stream_lists": False}], indirect=True)
+def test_lists_streamed_or_sent_whole_give_the_same_cluster(
+    srv: FakeApiServer, make_source: Callable[..., KubeApiSource], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Small pieces on both sides: items cut across chunks, the decoded text let go often.
+    monkeypatch.setattr(apiserver_module, "LIST_CHUNK", 300)
+    monkeypatch.setattr(kubeapi, "_CHUNK", 500)
+    populate(srv, 40)
+    source = synced(make_source)
+    assert programmed(source.cluster) == {f"default/s{i}" for i in range(40)}
+    assert len(source.cluster.checkout().graphs[IPFamily.IPv4].endpoints) == 40
+    # The watches that follow the lists work as before.
+    srv.create("Service", svc("late"))
+    wait_until(lambda: "default/late" in programmed(source.cluster), what="the watch")
 
 
 # A server without a watch cache: a list at resourceVersion 0 comes in pages.

@@ -5,7 +5,9 @@ Stdlib only (``http.server``), JSON only, loopback only. See README.md next to t
 Semantics mirrored from upstream kube-apiserver (apimachinery / apiserver storage + cacher):
 
 * one global, monotonically increasing resourceVersion (like an etcd revision);
-* list: label/field selectors, ``limit``/``continue`` consistent snapshots (continue token is
+* list: written as it is encoded, item by item, in chunks (kube-apiserver 1.33's
+  StreamingCollectionEncodingToJSON; ``stream_lists=False`` sends it whole, with a length);
+  label/field selectors, ``limit``/``continue`` consistent snapshots (continue token is
   base64url JSON ``{"v":"meta.k8s.io/v1","rv":N,"start":"<key>\\x00"}`` like upstream),
   ``remainingItemCount`` only for unfiltered lists, ``resourceVersion``/``resourceVersionMatch``
   per the "semantics for get and list" table, ListOptions validation (422 Invalid);
@@ -312,6 +314,10 @@ def too_large_resource_version(requested: int, current: int) -> ApiError:
         },
         headers={"Retry-After": "1"},
     )
+
+
+#: About how many bytes of a streamed list response go out at a time.
+LIST_CHUNK = 1 << 16
 
 
 def _list_options_invalid(causes: list[tuple[str, str, str]]) -> ApiError:
@@ -773,6 +779,7 @@ class FakeApiServer:
         defaulting: bool = True,
         request_log_size: int = 10000,
         watch_cache: bool = True,
+        stream_lists: bool = True,
     ) -> None:
         if host not in ("127.0.0.1", "::1", "localhost"):
             raise ValueError("the fake apiserver only listens on loopback")
@@ -791,6 +798,9 @@ class FakeApiServer:
         #: (upstream's cacher: computeListLimit); False serves them paged, as etcd does
         #: (``--watch-cache=false``, or a resource without one).
         self.watch_cache = watch_cache
+        #: List responses go out as they are encoded (chunked), as kube-apiserver 1.33 and
+        #: later write them; False: encoded whole, then sent with a Content-Length.
+        self.stream_lists = stream_lists
 
         self._cond = threading.Condition(threading.RLock())
         self._rev = 1
@@ -2170,7 +2180,11 @@ class _Handler(BaseHTTPRequestHandler):
                 params["fieldSelector"] = (fs + "," if fs else "") + f"metadata.name={info.name}"
             self._serve_watch(rt, ns, params)
         elif verb == "list":
-            self._send_json(200, api._list(rt, ns, params))
+            listed = api._list(rt, ns, params)
+            if api.stream_lists:
+                self._send_list_streamed(listed)
+            else:
+                self._send_json(200, listed)
         elif verb == "get":
             assert info.name is not None
             rv_param = params.get("resourceVersion", "")
@@ -2322,6 +2336,30 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(200, out)
 
     # ------------------------------------------------------------ watch
+
+    def _send_list_streamed(self, listed: JSONDict) -> None:
+        """A list as upstream's streaming encoder writes it: kind, apiVersion and metadata
+        first, then the items one at a time, flushed in chunks of about LIST_CHUNK bytes."""
+        self._set_status(200)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-cache, private")
+        self.send_header("Audit-Id", str(uuid.uuid4()))
+        self.end_headers()
+        head = {k: v for k, v in listed.items() if k != "items"}
+        pending = [json.dumps(head, separators=(",", ":"))[:-1], ',"items":[']
+        size = 0
+        for i, item in enumerate(listed["items"]):
+            text = json.dumps(item, separators=(",", ":"))
+            pending.append("," + text if i else text)
+            size += len(text)
+            if size >= LIST_CHUNK:
+                self._write_chunk("".join(pending).encode())
+                pending, size = [], 0
+        pending.append("]}")
+        self._write_chunk("".join(pending).encode())
+        self._write_chunk(b"")
 
     def _write_chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
