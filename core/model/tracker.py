@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
 from kubeplex.core.model.graph import StaleEndpoint
 from kubeplex.core.model.objects import EndpointSliceObject, ServiceObject
@@ -168,9 +169,10 @@ def merge_slices(slices: Mapping[str, EndpointSliceObject], node_name: str) -> E
             spn = new_service_port_name(es.namespace, es.service_name, port.name, port.protocol)
             seen = by_port.setdefault(spn, {})
             number = port.port
+            suffix = f":{number}"
             for sep in endpoints:
                 ip = sep.ip
-                address = f"[{ip}]:{number}" if ":" in ip else f"{ip}:{number}"
+                address = "[" + ip + "]" + suffix if ":" in ip else ip + suffix
                 is_local = sep.node_name == local_name
                 # An endpoint moving between slices shows up twice for a moment; upstream
                 # keeps one, preferring the copy that says it is local.
@@ -195,8 +197,6 @@ def _parse_trigger_time(text: str) -> float | None:
     if not text:
         return None
     try:
-        from datetime import datetime
-
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
