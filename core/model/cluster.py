@@ -179,7 +179,10 @@ class ClusterState:
 
     def _program(self, key: str, svc: ServiceObject | None) -> None:
         with self._lock:
-            self._notify(any([t.services.update(key, svc) for t in self._all()]))
+            needed = False
+            for t in self._trackers.values():  # (every family's tracker is told)
+                needed = t.services.update(key, svc) or needed
+            self._notify(needed)
 
     def _offer(self, key: str, entry: _ServiceEntry, version: _Version) -> set[str]:
         """Program ``version`` unless an older Service holds something it asks for; take it
@@ -190,7 +193,11 @@ class ClusterState:
             for what in version.claims
             if (holder := self._holders.get(what)) is not None and holder != key
         }
-        older = {w: h for w, h in holders.items() if self._entries[h].age < entry.age}
+        older = (
+            {w: h for w, h in holders.items() if self._entries[h].age < entry.age}
+            if holders
+            else holders
+        )
         if older:
             entry.waiting = version
             for what in version.claims:
@@ -204,14 +211,15 @@ class ClusterState:
             )
             return set()
         freed = self._release(key, entry)
-        for holder in sorted(set(holders.values())):
-            freed |= self._displace(holder, key, version.claims)
+        if holders:
+            for holder in sorted(set(holders.values())):
+                freed |= self._displace(holder, key, version.claims)
         for what in version.claims:
             self._holders[what] = key
         entry.accepted = version
         self._invalid.pop(f"Service {key}", None)
         self._program(key, version.svc)
-        return freed - set(version.claims)
+        return freed - version.claims.keys() if freed else freed
 
     def _displace(self, key: str, by: str, wanted: Claims) -> set[str]:
         """``by``, older, takes what Service ``key`` holds: ``key`` is no longer programmed and
@@ -304,7 +312,10 @@ class ClusterState:
                     t.endpoints.update(old, removed=True)
             self._slices[es.key] = es
             self.endpoint_events += 1
-            self._notify(any([t.endpoints.update(es) for t in self._all()]))
+            needed = False
+            for t in self._trackers.values():  # (every family's tracker is told)
+                needed = t.endpoints.update(es) or needed
+            self._notify(needed)
 
     def delete_endpoint_slice(self, namespace: str, name: str) -> None:
         self._invalid.pop(f"EndpointSlice {namespace}/{name}", None)
