@@ -13,21 +13,16 @@ from pathlib import Path
 
 import yaml
 
+# As in ``run``: only what the daemon's first request to the API server needs is imported
+# here; cleanup and --init-only import their parts when asked.
 from kubeplex.core.cli import kube_proxy_flags as flags
 from kubeplex.core.cli import logs
-from kubeplex.core.cli.cleanup import clean
 from kubeplex.core.cli.config_watch import ConfigWatch
 from kubeplex.core.cli.kube_proxy_config import build
+from kubeplex.core.cli.options import EXIT_BACKEND, EXIT_OK, EXIT_USAGE, reporting_errors
 from kubeplex.core.cli.run import serve
-from kubeplex.core.cli.shared import (
-    EXIT_BACKEND,
-    EXIT_OK,
-    EXIT_USAGE,
-    make_backend,
-    reporting_errors,
-)
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
-from kubeplex.core.dataplane import plugins
+from kubeplex.core.dataplane.entrypoints import KnownModes
 from kubeplex.core.model.errors import KubeplexError
 from kubeplex.core.version import __version__
 
@@ -57,6 +52,8 @@ def write_config(cfg: KubeProxyConfiguration, path: str) -> None:
 def cleanup_every_mode(cfg: KubeProxyConfiguration) -> int:
     """``--cleanup``: what ``kubeplex cleanup`` does, for every mode of this platform (as
     upstream cleans up iptables, ipvs and nftables alike), then exit."""
+    from kubeplex.core.cli.cleanup import clean
+
     failed = False
     for done in clean(cfg, None):
         if done.error:
@@ -72,7 +69,9 @@ def cleanup_every_mode(cfg: KubeProxyConfiguration) -> int:
 def init_only(cfg: KubeProxyConfiguration) -> int:
     """``--init-only``: what needs full root before the daemon may run with CAP_NET_ADMIN
     alone: the mode's requirements and the conntrack sysctls; then exit."""
+    from kubeplex.core.cli.shared import make_backend
     from kubeplex.core.daemon.sysctls import apply_conntrack_sysctls
+    from kubeplex.core.dataplane import plugins
 
     backend = make_backend(cfg, None)
     missing = plugins.missing_requirements(cfg.mode, backend)
@@ -92,7 +91,7 @@ def _run(parsed: flags.ParsedFlags) -> int:
     daemon = not (parsed.get("write-config-to") or parsed.get("cleanup") or parsed.get("init-only"))
     # Taken before the file is read: a change made while the daemon starts is seen too.
     watch = ConfigWatch(config) if config and daemon else None
-    built = build(parsed, plugins.known_modes())
+    built = build(parsed, KnownModes())
     cfg = built.config
     logs.configure(cfg, None)  # -v and the other logging flags are in cfg.logging
     for name, value in parsed.values.items():

@@ -17,7 +17,7 @@ As cmd/kube-proxy/app/options.go (Complete) does:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -170,7 +170,7 @@ def _hostname(parsed: ParsedFlags) -> str | None:
 
 def build(parsed: ParsedFlags, known_modes: Iterable[str]) -> Built:
     """The configuration of a parsed command line; InvalidObject or UsageError if bad."""
-    modes = tuple(known_modes)
+    modes = known_modes if isinstance(known_modes, Collection) else tuple(known_modes)
     built = Built(KubeProxyConfiguration(), warnings=list(parsed.warnings))
     built.master = str(parsed.get("master", ""))
     hostname = _hostname(parsed)

@@ -14,8 +14,6 @@ the whole graph, runs at most once per interval however short the syncPeriod.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import logging
 import time
@@ -32,8 +30,12 @@ def _malloc_trim() -> Callable[[], object]:
     """glibc's malloc_trim(0), or a no-op where there is none: after a full sync's garbage is
     freed, it hands the free pages inside the heap back to the kernel, so RSS follows what is
     alive instead of the highest sync's peak (fragmentation)."""
+    # Looked up at the first collection, not at start: ctypes and ctypes.util cost about
+    # 10 ms to import, on the path to the first sync. The C library is in the process.
+    import ctypes
+
     try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return lambda: None
     trim.argtypes = [ctypes.c_size_t]
@@ -48,7 +50,7 @@ class Freezer:
         self._clock = clock
         self._last = clock()
         self.collections = 0
-        self._trim = _malloc_trim()
+        self._trim: Callable[[], object] | None = None
 
     def after_full_sync(self) -> None:
         """Freeze what is alive now; first collect the frozen generation if it is due."""
@@ -57,6 +59,8 @@ class Freezer:
             started = time.monotonic()
             gc.unfreeze()  # back to the oldest generation, where a full collection sees them
             found = gc.collect()
+            if self._trim is None:
+                self._trim = _malloc_trim()
             self._trim()
             self._last = now
             self.collections += 1
