@@ -692,10 +692,11 @@ def _plain_slice(obj: Any) -> EndpointSliceObject | None:
                     and node is not None
                     and zone is not None
                 ):
-                    # What inet_pton accepts is what normalize_ip accepts unchanged (no
-                    # space, no scope): anything else is left to normalize_ip.
+                    # What inet_pton accepts is what normalize_ip returns unchanged (no
+                    # space, no scope, canonical): anything else is left to normalize_ip.
+                    ip = addresses[0]
                     try:
-                        ip = _ntop(_AF_INET, _pton(_AF_INET, addresses[0]))
+                        _pton(_AF_INET, ip)
                     except (OSError, ValueError):
                         pass
                     else:
@@ -830,7 +831,7 @@ def _node_name_ok(text: str) -> bool:
 
 _NO_HINTS: frozenset[str] = frozenset()
 _AF_INET = socket.AF_INET
-_pton, _ntop = socket.inet_pton, socket.inet_ntop
+_pton = socket.inet_pton
 #: SliceEndpoint(ip, ready, serving, terminating, node_name, zone, zone_hints, node_hints).
 _new_slice_endpoint: Callable[
     [str, bool, bool, bool, str, str, frozenset[str], frozenset[str]], SliceEndpoint
