@@ -49,7 +49,7 @@ class _FamilyTrackers:
     endpoints: EndpointsChangeTracker
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Version:
     """One valid version of a Service, with what it holds and where it came from."""
 
@@ -59,7 +59,7 @@ class _Version:
     origin: str
 
 
-@dataclass
+@dataclass(slots=True)
 class _ServiceEntry:
     """A Service's place in the first-come order, the version in effect (holding its claims),
     and a newer version refused because something older holds what it asks for."""
@@ -297,13 +297,13 @@ class ClusterState:
         return _located(InvalidObject(f"Service {key}", errors), version.origin)
 
     def set_endpoint_slice(self, obj: Mapping[str, Any], origin: str = "") -> None:
-        key = "EndpointSlice " + _key_of(obj)
         try:
             es = parse_endpoint_slice(obj)
         except InvalidObject as err:
-            self._reject(key, _located(err, origin), obj)
+            self._reject("EndpointSlice " + _key_of(obj), _located(err, origin), obj)
             return
-        self._invalid.pop(key, None)
+        if self._invalid:  # (the key is made only when there is something to look it up in)
+            self._invalid.pop("EndpointSlice " + _key_of(obj), None)
         with self._lock:
             old = self._slices.get(es.key)
             if old is not None and old.service_key != es.service_key:
