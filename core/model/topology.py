@@ -7,7 +7,7 @@ is ready. Local endpoints serve the Local traffic policies, with the same fallba
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kubeplex.core.model.types import Endpoint, ServicePort
@@ -33,25 +33,47 @@ def topology_mode(endpoints: Sequence[Endpoint], node_name: str, zone: str) -> s
     ready = [ep for ep in endpoints if ep.ready]
     if not ready:
         return ""
-    if all(ep.node_hints for ep in ready) and any(node_name in ep.node_hints for ep in ready):
+    first = ready[0]  # (without hints, as most are: neither mode, and no generator made)
+    if (
+        first.node_hints
+        and all(ep.node_hints for ep in ready)
+        and any(node_name in ep.node_hints for ep in ready)
+    ):
         return PREFER_SAME_NODE
-    if all(ep.zone_hints for ep in ready) and any(zone in ep.zone_hints for ep in ready):
+    if (
+        first.zone_hints
+        and all(ep.zone_hints for ep in ready)
+        and any(zone in ep.zone_hints for ep in ready)
+    ):
         return PREFER_SAME_ZONE
     return ""
 
 
-def _available(ep: Endpoint, mode: str, node_name: str, zone: str) -> bool:
-    if mode == PREFER_SAME_NODE:
-        return node_name in ep.node_hints
-    if mode == PREFER_SAME_ZONE:
-        return zone in ep.zone_hints
-    return True
-
-
-def _select(
-    endpoints: Sequence[Endpoint], keep: Callable[[Endpoint], bool]
+def _cluster_ready(
+    endpoints: Sequence[Endpoint], mode: str, node_name: str, zone: str
 ) -> tuple[Endpoint, ...]:
-    return tuple(ep for ep in endpoints if keep(ep))
+    """The ready endpoints the topology mode leaves (one comprehension per mode: this runs
+    for every Service port of a full sync)."""
+    if mode == PREFER_SAME_NODE:
+        return tuple([ep for ep in endpoints if ep.ready and node_name in ep.node_hints])
+    if mode == PREFER_SAME_ZONE:
+        return tuple([ep for ep in endpoints if ep.ready and zone in ep.zone_hints])
+    return tuple([ep for ep in endpoints if ep.ready])
+
+
+def _cluster_terminating(
+    endpoints: Sequence[Endpoint], mode: str, node_name: str, zone: str
+) -> tuple[Endpoint, ...]:
+    """The serving, terminating endpoints the topology mode leaves."""
+    if mode == PREFER_SAME_NODE:
+        return tuple(
+            [ep for ep in endpoints if ep.serving and ep.terminating and node_name in ep.node_hints]
+        )
+    if mode == PREFER_SAME_ZONE:
+        return tuple(
+            [ep for ep in endpoints if ep.serving and ep.terminating and zone in ep.zone_hints]
+        )
+    return tuple([ep for ep in endpoints if ep.serving and ep.terminating])
 
 
 def categorize_endpoints(
@@ -64,14 +86,11 @@ def categorize_endpoints(
 
     if svc.uses_cluster_endpoints:
         mode = topology_mode(endpoints, node_name, zone)
-        cluster = _select(endpoints, lambda ep: ep.ready and _available(ep, mode, node_name, zone))
+        cluster = _cluster_ready(endpoints, mode, node_name, zone)
         if not cluster:
             # No ready endpoint anywhere (topology never hides all of them): use the
             # serving ones that are shutting down rather than dropping traffic.
-            cluster = _select(
-                endpoints,
-                lambda ep: ep.serving and ep.terminating and _available(ep, mode, node_name, zone),
-            )
+            cluster = _cluster_terminating(endpoints, mode, node_name, zone)
         has_any = bool(cluster)
 
     if not svc.uses_local_endpoints:
@@ -86,9 +105,9 @@ def categorize_endpoints(
             has_any = True
             has_local_terminating = has_local_terminating or ep.is_local
     if has_local_ready:
-        local = _select(endpoints, lambda ep: ep.is_local and ep.ready)
+        local = tuple([ep for ep in endpoints if ep.is_local and ep.ready])
     elif has_local_terminating:
-        local = _select(endpoints, lambda ep: ep.is_local and ep.serving and ep.terminating)
+        local = tuple([ep for ep in endpoints if ep.is_local and ep.serving and ep.terminating])
 
     if not svc.uses_cluster_endpoints:
         return CategorizedEndpoints((), local, local, has_any, mode)
