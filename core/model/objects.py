@@ -276,9 +276,10 @@ def _plain_service(obj: Any) -> ServiceObject | None:
         if lb is not None and (type(lb) is not dict or lb.get("ingress") not in _NOTHING):
             return None
     name, namespace = meta.get("name"), meta.get("namespace", "default")
-    if type(name) is not str or type(namespace) is not str or not _label(name):
+    if type(name) is not str or type(namespace) is not str:
         return None
-    if not _label(namespace):
+    name, namespace = _shared_label(name), _shared_label(namespace)
+    if name is None or namespace is None:
         return None
     svc_type = _PLAIN_SERVICE_TYPES.get(_text(spec.get("type")))
     etp = _POLICIES.get(_text(spec.get("externalTrafficPolicy")))
@@ -617,7 +618,7 @@ def _plain_slice(obj: Any) -> EndpointSliceObject | None:
         or type(namespace) is not str
         or type(labels) is not dict
         or not _subdomain(name)
-        or not _label(namespace)
+        or (namespace := _shared_label(namespace)) is None
     ):
         return None
     if annotations is None:
@@ -626,7 +627,7 @@ def _plain_slice(obj: Any) -> EndpointSliceObject | None:
         return None
     service_name = labels.get(SERVICE_NAME_LABEL)
     address_type = obj.get("addressType")
-    if type(service_name) is not str or not _label(service_name):
+    if type(service_name) is not str or (service_name := _shared_label(service_name)) is None:
         return None
     if address_type != "IPv4" and address_type != "IPv6":
         return None
@@ -751,6 +752,15 @@ def _subdomain(text: str) -> bool:
 def _label(text: str) -> bool:
     """dns_label's check (with its default pattern), remembered for a name seen before."""
     return _remembered(_VALID_LABELS, text, 63, _DNS1123_LABEL)
+
+
+def _shared_label(text: str) -> str | None:
+    """The remembered copy of a valid DNS label (namespaces and Service names are shared by
+    the objects that name them); None if it is not one."""
+    found = _VALID_LABELS.get(text)
+    if found is not None:
+        return found
+    return text if _label(text) else None
 
 
 def _zone(text: str) -> str:

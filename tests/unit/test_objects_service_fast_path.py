@@ -237,3 +237,11 @@ def test_api_endpoints_share_their_node_and_zone_names() -> None:
     b = objects.parse_endpoint_slice(second).endpoints
     assert a == b
     assert all(x.node_name is y.node_name and x.zone is y.zone for x, y in zip(a, b, strict=True))
+
+
+def test_a_service_and_its_slices_share_namespace_and_name() -> None:
+    obj, es = plain_service(), api_slice()
+    obj["metadata"]["namespace"] = "".join(["def", "ault"])  # equal, another string object
+    svc = objects.parse_service(obj)
+    slice_ = objects.parse_endpoint_slice(es)
+    assert svc.namespace is slice_.namespace and svc.name is slice_.service_name
