@@ -648,9 +648,12 @@ def test_the_collector_is_on_before_the_initial_lists_let_a_sync_in(
         open_gate()
 
     source.cluster.open = recording  # type: ignore[method-assign]
+    gc.unfreeze()
     source.start()
     assert source.wait_for_initial_sync(5)
     assert seen == [True]
+    # What the lists made is frozen, not scanned by a young collection at the gate.
+    assert gc.get_freeze_count() > 0
 
 
 def test_a_source_stopped_before_its_lists_gives_the_collector_back() -> None:
