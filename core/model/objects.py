@@ -670,32 +670,28 @@ def _plain_slice(obj: Any) -> EndpointSliceObject | None:
         # The endpoint as an API server writes it (IPv4, the three conditions, a node name
         # and zone seen before, no hints) is checked here; _plain_endpoint takes anything else.
         endpoint = None
-        if v4 and type(raw) is dict and raw.get("hints") is None:
-            addresses, cond = raw.get("addresses"), raw.get("conditions")
-            node_name, zone = raw.get("nodeName"), raw.get("zone")
-            if (
-                type(addresses) is list
-                and addresses
-                and type(addresses[0]) is str
-                and type(cond) is dict
-                and type(node_name) is str
-                and (zone is None or type(zone) is str)
-            ):
-                ready = cond.get("ready")
-                serving = cond.get("serving")
-                terminating = cond.get("terminating")
-                node = nodes.get(node_name)
-                zone = "" if zone is None else zones.get(zone)
+        if v4 and type(raw) is dict and "hints" not in raw:
+            try:  # (a missing or unhashable field: KeyError, TypeError; no address: IndexError)
+                addresses, cond, node_name = raw["addresses"], raw["conditions"], raw["nodeName"]
+                ip = addresses[0]
+                ready, serving, terminating = cond["ready"], cond["serving"], cond["terminating"]
+                node = nodes[node_name]
+                zone = raw.get("zone")
+                zone = "" if zone is None else zones[zone]
+            except (KeyError, IndexError, TypeError):
+                pass
+            else:
                 if (
-                    type(ready) is bool
+                    type(addresses) is list
+                    and type(ip) is str
+                    and type(cond) is dict
+                    and type(node_name) is str
+                    and type(ready) is bool
                     and type(serving) is bool
                     and type(terminating) is bool
-                    and node is not None
-                    and zone is not None
                 ):
                     # What inet_pton accepts is what normalize_ip returns unchanged (no
                     # space, no scope, canonical): anything else is left to normalize_ip.
-                    ip = addresses[0]
                     try:
                         _pton(_AF_INET, ip)
                     except (OSError, ValueError):

@@ -218,9 +218,26 @@ def api_slice() -> dict[str, Any]:
     }
 
 
+#: Values that look like the right field to a subscript, but are not.
+API_ENDPOINT_WEIRD: list[Any] = [
+    "10.128.3.254",
+    "other",
+    "bench-node",
+    "zone-b",
+    "1.2.3.4\n",
+    "1.2.3",
+    {0: "10.128.3.254"},
+    ("10.128.3.254",),
+    {"ready": True, "serving": True, "terminating": False},
+    {"ready": 1, "serving": True, "terminating": False},
+    {"ready": True, "serving": True},
+    ["ready", "serving", "terminating"],
+]
+
+
 def test_api_endpoints_agree_on_each_change() -> None:
     for path in ENDPOINT_PATHS:
-        for value in [*WEIRD, "10.128.3.254", "other", "zone-b", "1.2.3.4\n", "1.2.3"]:
+        for value in [*WEIRD, *API_ENDPOINT_WEIRD]:
             for _ in range(2):  # the second time, the names are remembered
                 obj = put(api_slice(), path, value)
                 assert outcome(objects.parse_endpoint_slice, obj) == outcome(general, obj), (
