@@ -205,6 +205,7 @@ def _parse_trigger_time(text: str) -> float | None:
 class EndpointsChangeTracker:
     def __init__(self, family: IPFamily, node_name: str) -> None:
         self.family = family
+        self._address_type = family.value  # (an enum's value is a property)
         self.node_name = node_name
         self._slices: dict[str, dict[str, EndpointSliceObject]] = {}
         self._applied: dict[str, EndpointsMap] = {}
@@ -214,7 +215,7 @@ class EndpointsChangeTracker:
 
     def update(self, es: EndpointSliceObject, removed: bool = False) -> bool:
         """Record a slice add/update (or its removal). True if a sync is needed."""
-        if es.address_type != self.family.value:
+        if es.address_type != self._address_type:
             return bool(self._pending)  # the other family's tracker takes it
         svc_key = es.service_key
         slices = self._slices.setdefault(svc_key, {})
