@@ -267,11 +267,17 @@ class IptablesBackend(FamilyBackend[FamilyRenderer, IptablesRendered]):
         """Remove every chain and jump kubeplex (or upstream kube-proxy) made, in every
         family, but what ``keep`` names. KUBE-FIREWALL goes only where it is the mode's own
         copy (``readback.firewall_is_ours``), and route_localnet, which it guarded, with it."""
+        saved = [(f, SavedRuleset.parse(self.kernel.save(f))) for f in self.ctx.families]
+        removed: list[str] = []
+        if not any(readback.artifacts(ruleset, f) for f, ruleset in saved):
+            # Nothing of the mode here: ``keep`` (maybe read only when asked) is not needed.
+            self.invalidate()
+            return CleanupReport(self.mode, ())
         keep = set(keep)
         if readback.ROUTE_LOCALNET_LINE in keep:  # the active mode needs it: keep its guard
             keep.add(readback.GUARD_LINE)
-        removed: list[str] = []
-        for family, found in self._found(keep):
+        for family, ruleset in saved:
+            found = readback.artifacts(ruleset, family, keep)
             text = removal(found)
             if not text:
                 continue

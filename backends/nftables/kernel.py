@@ -146,12 +146,29 @@ class NftKernel:
             raise BackendError(f"nftables netlink batch failed: {err}") from err
         return True
 
+    def _netlink_tables(self) -> builtins.list[tuple[str, str]] | None:
+        """The tables over netlink; None if the socket or the dump fails (nft is asked)."""
+        if self._netlink is None:
+            self._netlink = netlink.NftNetlink(self.netns)
+        try:
+            return self._netlink.tables()
+        except (OSError, netlink.NetlinkError) as err:
+            log.debug("listing nftables tables over netlink failed (%s): asking nft", err)
+            self.close()
+            return None
+
     def close(self) -> None:
         if self._netlink is not None:
             self._netlink.close()
             self._netlink = None
 
     def list(self, commands: str, terse: bool = False) -> str:
-        """``nft [-t] -f -`` with ``commands`` (list commands only): what nft prints."""
+        """``nft [-t] -f -`` with ``commands`` (list commands only): what nft prints.
+        ``list tables`` alone is answered from one netlink dump where netlink is used: nft
+        builds its whole cache for it (0.3 s with 1,000 Services' rules loaded)."""
+        if commands == "list tables\n" and self.use_netlink and self.nft_cmd == NFT:
+            tables = self._netlink_tables()
+            if tables is not None:
+                return "".join(f"table {family} {name}\n" for family, name in tables)
         argv = [self.nft_cmd, *(["-t"] if terse else []), "-f", "-"]
         return execer.run(argv, self.netns, input=commands).stdout

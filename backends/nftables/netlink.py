@@ -42,16 +42,21 @@ NFNL_MSG_BATCH_END = 17
 NLM_F_REQUEST = 0x1
 NLM_F_CREATE = 0x400
 NLM_F_APPEND = 0x800
+NLM_F_DUMP = 0x300
 NLMSG_ERROR = 2
+NLMSG_DONE = 3
 NLA_F_NESTED = 0x8000
 
-MSG_NEWTABLE = 0
+MSG_NEWTABLE, MSG_GETTABLE = 0, 1
+NFTA_TABLE_NAME = 1
 MSG_NEWCHAIN, MSG_DELCHAIN = 3, 5
 MSG_NEWRULE, MSG_DELRULE = 6, 8
 MSG_NEWSET, MSG_DELSET = 9, 11
 MSG_NEWSETELEM, MSG_DELSETELEM = 12, 14
 
 FAMILIES = {"ip": 2, "ip6": 10}
+#: Every nf_tables family by number, named as nft prints them.
+FAMILY_NAMES = {1: "inet", 2: "ip", 3: "arp", 5: "netdev", 7: "bridge", 10: "ip6"}
 PROTOCOLS = {"tcp": 6, "udp": 17, "sctp": 132}
 
 NFT_JUMP, NFT_GOTO = -3, -4
@@ -922,6 +927,19 @@ def encode_batch(messages: Iterable[Message], first_seq: int = 1) -> tuple[bytes
     return b"".join(out), lines
 
 
+def _string_attr(attrs: bytes, wanted: int) -> str | None:
+    """The NUL-terminated string attribute ``wanted`` of a message's attributes."""
+    off = 0
+    while off + 4 <= len(attrs):
+        size, kind = struct.unpack_from("=HH", attrs, off)
+        if size < 4:
+            return None
+        if kind & ~NLA_F_NESTED == wanted:
+            return attrs[off + 4 : off + size].split(b"\0", 1)[0].decode("utf-8", "replace")
+        off += (size + 3) & ~3
+    return None
+
+
 class NetlinkError(Exception):
     """The kernel refused the batch (nothing of it was applied)."""
 
@@ -1018,6 +1036,39 @@ class NftNetlink:
                 errors.append(f"{os.strerror(-code)}: {what}")
         if errors:
             raise NetlinkError("; ".join(errors[:5]))
+
+    def tables(self) -> list[tuple[str, str]]:
+        """Every table of the netns, (family, name) in the kernel's order: what ``nft list
+        tables`` prints, from one dump (nft builds its whole cache first, 0.3 s with 1,000
+        Services' rules loaded). NetlinkError if the kernel refuses the dump."""
+        sock = self._socket()
+        self._drain(sock)
+        self._seq += 1
+        seq = self._seq
+        kind = (NFNL_SUBSYS_NFTABLES << 8) | MSG_GETTABLE
+        sock.send(_nlmsg(kind, NLM_F_REQUEST | NLM_F_DUMP, seq, 0, 0, b""))  # family 0: all
+        out: list[tuple[str, str]] = []
+        while True:
+            data = sock.recv(1 << 16)
+            off = 0
+            while off + 16 <= len(data):
+                size, kind, _flags, got_seq, _pid = struct.unpack_from("=IHHII", data, off)
+                message = data[off + 16 : off + size]
+                off += max((size + 3) & ~3, 16)
+                if got_seq != seq:
+                    continue
+                if kind == NLMSG_DONE:
+                    return out
+                if kind == NLMSG_ERROR:
+                    (code,) = struct.unpack_from("=i", message)
+                    if code:
+                        raise NetlinkError(f"listing the tables failed: {os.strerror(-code)}")
+                    return out
+                if kind == (NFNL_SUBSYS_NFTABLES << 8) | MSG_NEWTABLE and len(message) >= 4:
+                    name = _string_attr(message[4:], NFTA_TABLE_NAME)
+                    family = FAMILY_NAMES.get(message[0], str(message[0]))
+                    if name is not None:
+                        out.append((family, name))
 
     @staticmethod
     def _drain(sock: socket.socket) -> list[tuple[int, int]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from kubeplex.core.config.kubeproxy import with_overrides
@@ -121,9 +121,33 @@ def remove_other_modes(
 ) -> list[ModeCleanup]:
     """Clean up every mode but the active one (or those of ``modes``), keeping what the
     active one programmed and what established connections still need (drain)."""
-    keep = set(active.leftovers())
     others = [m for m in platform_modes() if m != active.mode] if modes is None else modes
-    return cleanup_modes(active.ctx, others, keep, make, drain=True)
+    return cleanup_modes(active.ctx, others, ActiveLeftovers(active), make, drain=True)
+
+
+class ActiveLeftovers(Collection[str]):
+    """The active mode's ``leftovers()``, read at the first question about them: a mode
+    that finds nothing of its own to remove never asks, and listing what the active mode
+    just programmed is the dearest read of a switch's cleanup (nftables: 85 ms at 1,000
+    Services), paid on every start."""
+
+    def __init__(self, active: Backend) -> None:
+        self._active = active
+        self._lines: frozenset[str] | None = None
+
+    def _read(self) -> frozenset[str]:
+        if self._lines is None:
+            self._lines = frozenset(self._active.leftovers())
+        return self._lines
+
+    def __contains__(self, line: object) -> bool:
+        return line in self._read()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._read())
+
+    def __len__(self) -> int:
+        return len(self._read())
 
 
 #: Told what the switch did: the active mode's first sync and the others' cleanups.

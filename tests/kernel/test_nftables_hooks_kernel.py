@@ -155,3 +155,21 @@ def test_inspect_three_endpoints(netns: str) -> None:
         r'comment "ns2/web:p80" : goto reject-chain', empty.entries[0]
     )
     assert h.backend.inspect(ServicePortName("ns9", "web", "p80")) == []
+
+
+def test_list_tables_over_netlink_is_what_nft_prints(netns: str) -> None:
+    kernel = NftKernel(netns)
+    assert kernel.list("list tables\n") == ""
+    nft(
+        netns,
+        "-f",
+        "-",
+        text="add table ip kube-proxy\nadd table inet foreign\nadd table ip6 kube-proxy\n"
+        "add table bridge b\nadd table netdev n\nadd table arp a\n",
+    )
+    by_nft = nft(netns, "list", "tables")
+    assert kernel.list("list tables\n") == by_nft
+    assert kernel._netlink is not None  # answered over netlink, not by nft
+    kernel.use_netlink = False
+    assert kernel.list("list tables\n") == by_nft
+    kernel.close()

@@ -144,6 +144,27 @@ def test_after_a_switch_the_other_modes_go_but_what_the_active_one_shares() -> N
     assert "KUBE-SERVICES" in node.kernels["iptables"].save(V4)
 
 
+@pytest.mark.parametrize("others_hold", [False, True])
+def test_the_active_modes_leftovers_are_read_only_if_another_mode_finds_something(
+    others_hold: bool,
+) -> None:
+    node = Node()
+    if others_hold:
+        node.programmed("iptables")
+    reads: list[str] = []
+
+    class Active(NftablesBackend):
+        def leftovers(self) -> list[str]:
+            reads.append(self.mode)
+            return super().leftovers()
+
+    active = Active(replace(node.ctx("nftables"), kernel=node.kernels["nftables"]))
+    active.prepare()
+    (done,) = remove_other_modes(active, node.make)
+    assert done.mode == "iptables" and bool(done.removed) is others_hold
+    assert reads == (["nftables"] if others_hold else [])
+
+
 def test_the_switch_runs_once_after_the_first_successful_sync() -> None:
     node = Node()
     node.programmed("iptables")
