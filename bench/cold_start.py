@@ -1,10 +1,11 @@
 """Cold start and memory: ``kubeplex run`` against an API server holding N Services x 10 endpoints.
 
 For each size and mode (root; each run in a throw-away network namespace): the in-tree list/watch
-API server (tests/apiserver, JSON, paginated lists as the real server answers them) is loaded with
-N Services, their EndpointSlices (10 endpoints each), the Node and the ServiceCIDR; then the
-installed CLI starts ``kubeplex run`` against it and the benchmark polls the kernel until the last
-Service's chain is live (referenced from the dispatch rules, which every mode writes last). Then,
+API server (tests/apiserver, JSON, lists streamed and paginated as the real server answers them) is
+loaded with N Services, their EndpointSlices (10 endpoints each, ``--endpoints``), the Node and
+the ServiceCIDR; then the installed CLI starts ``kubeplex run`` against it and the benchmark
+polls the kernel until the last Service's chain is live (referenced from the dispatch rules,
+which every mode writes last). Then,
 while the proxy runs, it changes EndpointSlices at a steady rate through the server's write path
 (each change gives one endpoint a new address) and waits for the last change to be live.
 
@@ -34,7 +35,8 @@ run interleaved with the other's, and reports it after; ``--kubeplex DIR`` runs 
 instead of the installed one (two snapshots compared in the same time window).
 
 Usage: python bench/cold_start.py [--modes iptables,nftables] [--sizes 1000,10000] [--repeat 3]
-           [--rate 100] [--seconds 10] [--bare] [--json FILE] [--baseline DIR] [--kubeplex DIR]
+           [--endpoints 10] [--rate 100] [--seconds 10] [--bare] [--json FILE] [--baseline DIR]
+           [--kubeplex DIR]
 """
 
 from __future__ import annotations
@@ -370,7 +372,9 @@ def list_floor(srv: FakeApiServer, page: int = 500) -> tuple[float, float]:
     return served, decoded
 
 
-def load_server(n: int, bare: bool) -> tuple[FakeApiServer, dict[int, dict[str, Any]], int]:
+def load_server(
+    n: int, bare: bool, endpoints: int = 10
+) -> tuple[FakeApiServer, dict[int, dict[str, Any]], int]:
     """A started server holding the cluster; the EndpointSlices by Service index; and the
     size of the Services and EndpointSlices as JSON."""
     srv = FakeApiServer(defaulting=False).start()
@@ -384,7 +388,7 @@ def load_server(n: int, bare: bool) -> tuple[FakeApiServer, dict[int, dict[str, 
     )
     slices: dict[int, dict[str, Any]] = {}
     size = 0
-    for obj in cluster(n):
+    for obj in cluster(n, endpoints):
         obj = with_defaults(obj if bare else as_served(obj))
         stored = srv.create(obj["kind"], obj)
         if obj["kind"] == "EndpointSlice":
@@ -401,6 +405,7 @@ def load_server(n: int, bare: bool) -> tuple[FakeApiServer, dict[int, dict[str, 
 class Run:
     mode: str
     n: int
+    endpoints: int = 10
     kernel_s: float = 0.0
     breakdown: dict[str, float] = field(default_factory=dict)
     rss_start_mb: float = 0.0
@@ -496,7 +501,7 @@ def measure(
     """One cold start and burst; with ``importtime`` a cold start under ``-X importtime``
     instead (slower: its times are not the figures), for what its imports cost."""
     n = len(slices)
-    run = Run(mode, n)
+    run = Run(mode, n, len(next(iter(slices.values()))["endpoints"]))
     kubeconfig = srv.write_kubeconfig(work / "kubeconfig")
     cfg = work / "config.yaml"
     cfg.write_text(
@@ -712,7 +717,7 @@ def report(runs: list[Run], imports: dict[str, float], interpreter: float) -> st
     u = {k: med([r.burst.get(k, float("nan")) for r in runs]) for k in r0.burst}
     kernel = med([r.kernel_s for r in runs])
     lines = [
-        f"{r0.mode:9s} {r0.n:>6} services x 10: start->kernel {kernel:.2f}s"
+        f"{r0.mode:9s} {r0.n:>6} services x {r0.endpoints}: start->kernel {kernel:.2f}s"
         f" (runs {', '.join(f'{r.kernel_s:.2f}' for r in runs)})",
         f"  breakdown: start -> first API request {seg(b, None, 'first_request')}"
         f" (a bare interpreter {interpreter:.3f}s) -> lists complete"
@@ -745,6 +750,12 @@ def main() -> None:
     p.add_argument("--modes", default="iptables,nftables")
     p.add_argument("--sizes", default="1000,10000")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument(
+        "--endpoints",
+        type=int,
+        default=10,
+        help="endpoints per Service (2: the shape of upstream's published 10k memory figure)",
+    )
     p.add_argument("--rate", type=float, default=100.0, help="EndpointSlice changes a second")
     p.add_argument("--seconds", type=float, default=10.0, help="how long the burst lasts")
     p.add_argument(
@@ -779,10 +790,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(s) for s in args.sizes.split(",")):
             start = time.monotonic()
-            srv, slices, size = load_server(n, args.bare)
+            srv, slices, size = load_server(n, args.bare, args.endpoints)
             served, decoded = list_floor(srv)
             print(
-                f"# {n} services x 10 endpoints loaded in {time.monotonic() - start:.1f}s"
+                f"# {n} services x {args.endpoints} endpoints loaded in"
+                f" {time.monotonic() - start:.1f}s"
                 f" ({size / 1e6:.1f} MB of JSON); the server alone serves their lists in"
                 f" {served:.2f}s ({decoded:.2f}s with a json.loads of each page)",
                 flush=True,
