@@ -21,7 +21,7 @@ from kubeplex.core.cli.shared import (
     make_backend,
     state_from_manifests,
 )
-from kubeplex.core.daemon.proxier import collector_paused
+from kubeplex.core.daemon.collector import collector_paused
 from kubeplex.core.dataplane.backend import Backend
 from kubeplex.core.model.graph import ProxyState
 

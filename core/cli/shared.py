@@ -19,7 +19,7 @@ from kubeplex.core.cli.options import load_effective_config as load_effective_co
 from kubeplex.core.cli.options import node_name as node_name
 from kubeplex.core.cli.options import reporting_errors as reporting_errors
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
-from kubeplex.core.daemon.proxier import collector_paused
+from kubeplex.core.daemon.collector import collector_paused
 from kubeplex.core.dataplane import plugins
 from kubeplex.core.dataplane.backend import Backend, BackendContext
 from kubeplex.core.model.cluster import ClusterState

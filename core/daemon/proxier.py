@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kubeplex.core.daemon.collector import collector_paused
 from kubeplex.core.daemon.freezer import Freezer
 from kubeplex.core.dataplane.backend import Backend, SyncResult
 from kubeplex.core.model.cluster import ClusterState
@@ -116,15 +115,3 @@ class Proxier:
 
 def _kind(full: bool) -> str:
     return "full" if full else "partial"
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """A render allocates hundreds of thousands of strings: no collector passes meanwhile."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
