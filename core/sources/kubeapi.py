@@ -795,7 +795,13 @@ def _streamed_items(page: _Streamed) -> Iterator[JSON]:
             try:
                 item, end = _DECODER.raw_decode(text, pos)
             except ValueError:
-                if more():
+                # Incomplete, or broken: twice as much text before the next try, so an item
+                # longer than many chunks is decoded a few times, not once per chunk.
+                before = len(text)
+                want = pos + 2 * (before - pos)
+                while len(text) < want and more():
+                    pass
+                if len(text) > before:
                     continue
                 raise
             if isinstance(item, dict):

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kubeplex.core.sources import kubeapi
 from kubeplex.core.sources.kubeapi import _list_items, _list_meta, _slim, _Streamed
 
 
@@ -195,3 +196,24 @@ def test_a_streamed_page_given_up_halfway_closes_its_connection() -> None:
     assert next(items) == ITEMS[0]
     items.close()
     assert released == [False]
+
+
+def test_a_streamed_item_longer_than_many_chunks_is_decoded_a_few_times_only() -> None:
+    big = {"metadata": {"name": "big"}, "spec": {"data": "x" * 200_000}}
+    text = json.dumps({"metadata": {}, "items": [ITEMS[0], big, ITEMS[1]]}).encode()
+    body, released = streamed(text, [100])
+    decodes = 0
+    real = kubeapi._DECODER.raw_decode
+
+    def counting(s: str, idx: int = 0) -> tuple[object, int]:
+        nonlocal decodes
+        decodes += 1
+        return real(s, idx)
+
+    kubeapi._DECODER.raw_decode = counting  # type: ignore[method-assign]
+    try:
+        assert list(_list_items(body)) == [ITEMS[0], big, ITEMS[1]]
+    finally:
+        del kubeapi._DECODER.raw_decode
+    assert released == [True]
+    assert decodes < 40  # 2,000 pieces of 100 bytes: not one try per piece
