@@ -333,11 +333,8 @@ def _plain_service(obj: Any) -> ServiceObject | None:
             pname = ""
         if node_port is None:
             node_port = 0
-        if protocol is None or protocol == "":
-            proto = Protocol.TCP
-        elif type(protocol) is str and protocol in _PROTOCOLS:
-            proto = _PROTOCOLS[protocol]
-        else:
+        proto = _plain_protocol(protocol)
+        if proto is None:
             return None
         if (
             type(pname) is not str
@@ -655,11 +652,8 @@ def _plain_slice(obj: Any) -> EndpointSliceObject | None:
             or (pname and (len(pname) > 15 or not _PORT_NAME.match(pname)))
         ):
             return None
-        if protocol is None or protocol == "":
-            proto = Protocol.TCP
-        elif type(protocol) is str and protocol in _PROTOCOLS:
-            proto = _PROTOCOLS[protocol]
-        else:
+        proto = _plain_protocol(protocol)
+        if proto is None:
             return None
         ports.append(SlicePort(pname, proto, port))
     endpoints: list[SliceEndpoint] = []
@@ -718,6 +712,15 @@ def _plain_slice(obj: Any) -> EndpointSliceObject | None:
 
 
 _PROTOCOLS = {p.value: p for p in Protocol}
+
+
+def _plain_protocol(value: Any) -> Protocol | None:
+    """A port's protocol in the fast paths: TCP when unset, None when it is no known one."""
+    if value is None or value == "":
+        return Protocol.TCP
+    return _PROTOCOLS.get(value) if type(value) is str else None
+
+
 #: Names already found valid (node, namespace and Service names repeat across a cluster's
 #: objects), each to the first copy seen, which every object then shares; zones (any string
 #: is one) likewise. Bounded, so hostile input cannot grow them without end.

@@ -2340,13 +2340,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_list_streamed(self, listed: JSONDict) -> None:
         """A list as upstream's streaming encoder writes it: kind, apiVersion and metadata
         first, then the items one at a time, flushed in chunks of about LIST_CHUNK bytes."""
-        self._set_status(200)
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.send_header("Cache-Control", "no-cache, private")
-        self.send_header("Audit-Id", str(uuid.uuid4()))
-        self.end_headers()
+        self._start_chunked()
         head = {k: v for k, v in listed.items() if k != "items"}
         pending = [json.dumps(head, separators=(",", ":"))[:-1], ',"items":[']
         size = 0
@@ -2360,6 +2354,16 @@ class _Handler(BaseHTTPRequestHandler):
         pending.append("]}")
         self._write_chunk("".join(pending).encode())
         self._write_chunk(b"")
+
+    def _start_chunked(self) -> None:
+        """A 200 whose JSON body follows in chunks (a streamed list, a watch)."""
+        self._set_status(200)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-cache, private")
+        self.send_header("Audit-Id", str(uuid.uuid4()))
+        self.end_headers()
 
     def _write_chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
@@ -2385,13 +2389,7 @@ class _Handler(BaseHTTPRequestHandler):
             except ValueError:
                 raise bad_request("invalid timeoutSeconds") from None
         w, initial = api._open_watch(rt, ns, params)
-        self._set_status(200)
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.send_header("Cache-Control", "no-cache, private")
-        self.send_header("Audit-Id", str(uuid.uuid4()))
-        self.end_headers()
+        self._start_chunked()
         self.close_connection = True
         if w is None:
             for ev in initial:
