@@ -10,7 +10,8 @@ CHECK = """
 import sys
 import kubeplex.core.sources.kubeapi as kubeapi
 heavy = ("kubernetes.dynamic", "kubernetes.stream", "kubernetes.watch", "kubernetes.informer",
-         "kubernetes.leaderelection", "kubernetes.config.kube_config", "jsonschema")
+         "kubernetes.leaderelection", "kubernetes.config.kube_config", "jsonschema",
+         "kubernetes.utils.create_from_yaml")
 print(sorted(m for m in heavy if m in sys.modules))
 from kubernetes import config
 print(callable(config.load_kube_config), callable(config.load_incluster_config))
@@ -18,6 +19,8 @@ import kubernetes
 print(bool(kubernetes.__version__), "kubernetes.dynamic" in sys.modules)
 from kubernetes import client, watch
 print(client.CoreV1Api.__name__, watch.Watch.__name__)
+from kubernetes import utils
+print(callable(utils.create_from_yaml), callable(utils.parse_quantity))
 try:
     kubernetes.no_such_thing
 except AttributeError as err:
@@ -34,5 +37,6 @@ def test_the_source_imports_only_what_it_uses_and_the_rest_stays_importable() ->
         "True True",
         "True True",
         "CoreV1Api Watch",
+        "True True",
         "AttributeError module 'kubernetes' has no attribute 'no_such_thing'",
     ]
