@@ -13,7 +13,7 @@ import json
 import socket
 from typing import Any
 
-from kubeplex.core.cli.shared import EXIT_OK, Subparsers
+from kubeplex.core.cli.options import EXIT_OK, Subparsers
 from kubeplex.core.config.kubeproxy import default_config, with_overrides
 from kubeplex.core.dataplane import plugins
 from kubeplex.core.dataplane.backend import CONTRACT_VERSION, BackendContext

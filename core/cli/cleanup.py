@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kubeplex.core.cli.shared import (
+from kubeplex.core.cli.options import (
     EXIT_BACKEND,
     EXIT_OK,
     Subparsers,

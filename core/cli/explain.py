@@ -27,7 +27,7 @@ from kubeplex.core.cli.inspecting import (
     port_states,
     served_ports,
 )
-from kubeplex.core.cli.shared import (
+from kubeplex.core.cli.options import (
     EXIT_BACKEND,
     EXIT_OK,
     EXIT_SYNC_FAILED,
@@ -35,8 +35,8 @@ from kubeplex.core.cli.shared import (
     Subparsers,
     add_common_options,
     load_effective_config,
-    make_backend,
 )
+from kubeplex.core.cli.shared import make_backend
 from kubeplex.core.dataplane.backend import ProgrammedService
 from kubeplex.core.dataplane.drift import Drift, EntryFacts, compare, match
 from kubeplex.core.model.expectations import (

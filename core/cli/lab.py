@@ -16,7 +16,7 @@ from dataclasses import replace
 from importlib.resources import files
 from pathlib import Path
 
-from kubeplex.core.cli.shared import EXIT_OK, Subparsers
+from kubeplex.core.cli.options import EXIT_OK, Subparsers
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration, load_config, with_overrides
 from kubeplex.core.daemon.proxier import Proxier
 from kubeplex.core.dataplane import plugins

@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from kubeplex.core.cli import logs
-from kubeplex.core.cli.run import serve
-from kubeplex.core.cli.shared import (
+from kubeplex.core.cli.options import (
     EXIT_BACKEND,
     EXIT_OK,
     Subparsers,
     add_common_options,
     load_effective_config,
 )
+from kubeplex.core.cli.run import serve
 from kubeplex.core.config.kubeproxy import with_overrides
 from kubeplex.core.daemon.modes import ModeCleanup
 from kubeplex.core.dataplane import plugins

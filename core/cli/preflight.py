@@ -25,14 +25,14 @@ from typing import Any
 
 from kubeplex.core.cli import logs
 from kubeplex.core.cli.inspecting import PortState, load_cluster, port_states, served_ports
-from kubeplex.core.cli.shared import (
+from kubeplex.core.cli.options import (
     EXIT_BACKEND,
     EXIT_OK,
     EXIT_SYNC_FAILED,
     load_effective_config,
-    make_backend,
     node_name,
 )
+from kubeplex.core.cli.shared import make_backend
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration, with_overrides
 from kubeplex.core.dataplane import plugins
 from kubeplex.core.dataplane.backend import Backend, BackendContext

@@ -12,15 +12,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kubeplex.core.cli.shared import (
+from kubeplex.core.cli.options import (
     EXIT_CONFIG,
     EXIT_OK,
     Subparsers,
     add_common_options,
     load_effective_config,
-    make_backend,
-    state_from_manifests,
 )
+from kubeplex.core.cli.shared import make_backend, state_from_manifests
 from kubeplex.core.daemon.collector import collector_paused
 from kubeplex.core.dataplane.backend import Backend
 from kubeplex.core.model.graph import ProxyState

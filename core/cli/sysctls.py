@@ -8,12 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from kubeplex.core.cli.shared import (
-    EXIT_OK,
-    Subparsers,
-    add_plugins_option,
-    add_verbosity_option,
-)
+from kubeplex.core.cli.options import EXIT_OK, Subparsers, add_plugins_option, add_verbosity_option
 from kubeplex.core.config.kubeproxy import load_config
 from kubeplex.core.dataplane import plugins
 from kubeplex.core.model.errors import KubeplexError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kubeplex.core.cli.shared import EXIT_OK, Subparsers
+from kubeplex.core.cli.options import EXIT_OK, Subparsers
 from kubeplex.core.version import __version__
 
 

@@ -14,7 +14,7 @@ from kubeplex.core.cli import kube_proxy
 from kubeplex.core.cli.config_watch import ConfigWatch
 from kubeplex.core.cli.kube_proxy_config import build
 from kubeplex.core.cli.kube_proxy_flags import FLAGS, UsageError, parse
-from kubeplex.core.cli.shared import EXIT_CONFIG, EXIT_OK, EXIT_USAGE
+from kubeplex.core.cli.options import EXIT_CONFIG, EXIT_OK, EXIT_USAGE
 from kubeplex.core.config.kubeproxy import DEFAULT_KNOWN_MODES, KubeProxyConfiguration
 from kubeplex.core.model.errors import InvalidObject
 
