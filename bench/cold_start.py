@@ -30,13 +30,17 @@ to serve the lists kubeplex asks for (at resourceVersion 0: whole), and that plu
 The objects are as a cluster holds them (managedFields, owner and pod references, conditions,
 zones; ``--bare`` for the minimal ones).
 
+``--auth in-cluster`` starts the proxy as in a pod (the Helm chart's way): no kubeconfig, the
+service account's token and CA where a pod has them (a mount namespace of its own), the server
+at ``KUBERNETES_SERVICE_HOST``, over HTTPS. By default it reads a kubeconfig (HTTP).
+
 ``--baseline DIR`` also runs the kubeplex package under DIR (``DIR/kubeplex/core``, ...), run by
 run interleaved with the other's, and reports it after; ``--kubeplex DIR`` runs the one under DIR
 instead of the installed one (two snapshots compared in the same time window).
 
 Usage: python bench/cold_start.py [--modes iptables,nftables] [--sizes 1000,10000] [--repeat 3]
-           [--endpoints 10] [--rate 100] [--seconds 10] [--bare] [--json FILE] [--baseline DIR]
-           [--kubeplex DIR]
+           [--endpoints 10] [--rate 100] [--seconds 10] [--bare] [--auth in-cluster]
+           [--json FILE] [--baseline DIR] [--kubeplex DIR]
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import statistics
 import struct
 import subprocess
@@ -72,7 +77,7 @@ from kubeplex.core.dataplane import plugins
 from kubeplex.core.model.types import Endpoint, ServicePortName
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from apiserver import FakeApiServer
+from apiserver import TLS_CERT, FakeApiServer
 
 NAMESPACE = "bench"
 TARGET_PORT = 8080
@@ -354,6 +359,8 @@ def list_floor(srv: FakeApiServer, page: int = 500) -> tuple[float, float]:
     them (at resourceVersion 0, which the watch cache answers whole), and that plus a
     json.loads of each response (a decoding floor)."""
     served = decoded = 0.0
+    headers = {"Authorization": f"Bearer {srv.token}"} if srv.token else {}
+    tls = ssl.create_default_context(cafile=TLS_CERT) if srv.tls else None
     for path in ("/api/v1/services", "/apis/discovery.k8s.io/v1/endpointslices"):
         token = ""
         while True:
@@ -361,7 +368,8 @@ def list_floor(srv: FakeApiServer, page: int = 500) -> tuple[float, float]:
                 {"limit": page, **({"continue": token} if token else {"resourceVersion": 0})}
             )
             start = time.perf_counter()
-            with urllib.request.urlopen(f"{srv.url}{path}?{query}") as resp:
+            request = urllib.request.Request(f"{srv.url}{path}?{query}", headers=headers)
+            with urllib.request.urlopen(request, context=tls) as resp:
                 body = resp.read()
             served += time.perf_counter() - start
             meta = json.loads(body)["metadata"]
@@ -373,11 +381,11 @@ def list_floor(srv: FakeApiServer, page: int = 500) -> tuple[float, float]:
 
 
 def load_server(
-    n: int, bare: bool, endpoints: int = 10
+    n: int, bare: bool, endpoints: int = 10, tls: bool = False
 ) -> tuple[FakeApiServer, dict[int, dict[str, Any]], int]:
-    """A started server holding the cluster; the EndpointSlices by Service index; and the
-    size of the Services and EndpointSlices as JSON."""
-    srv = FakeApiServer(defaulting=False).start()
+    """A started server holding the cluster (over HTTPS with ``tls``); the EndpointSlices by
+    Service index; and the size of the Services and EndpointSlices as JSON."""
+    srv = FakeApiServer(defaulting=False, tls=tls, token=SA_TOKEN if tls else None).start()
     srv.create(
         "Node",
         {
@@ -399,6 +407,25 @@ def load_server(
 
 
 # ------------------------------------------------------------------------------ one run
+
+#: ``--auth in-cluster``: the token of the service account the runs present, and where a pod
+#: has it (with the API server's CA).
+SA_TOKEN = "bench-service-account"
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def in_a_pod(work: Path) -> list[str]:
+    """The command prefix that runs a program as in a pod: in a mount namespace of its own,
+    where a tmpfs over ``/var/run/secrets`` holds the service account's token and the API
+    server's CA (the host's directory is made if missing, and left empty)."""
+    token = work / "token"
+    token.write_text(SA_TOKEN)
+    SA_DIR.parents[1].mkdir(parents=True, exist_ok=True)
+    script = (
+        f"mount -t tmpfs kubeplex-bench {SA_DIR.parents[1]} && mkdir -p {SA_DIR}"
+        f' && cp {token} {SA_DIR}/token && cp {TLS_CERT} {SA_DIR}/ca.crt && exec "$@"'
+    )
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh"]
 
 
 @dataclass
@@ -502,11 +529,15 @@ def measure(
     instead (slower: its times are not the figures), for what its imports cost."""
     n = len(slices)
     run = Run(mode, n, len(next(iter(slices.values()))["endpoints"]))
-    kubeconfig = srv.write_kubeconfig(work / "kubeconfig")
     cfg = work / "config.yaml"
+    connection = ""
+    if not srv.tls:
+        connection = (
+            f"clientConnection:\n  kubeconfig: {srv.write_kubeconfig(work / 'kubeconfig')}\n"
+        )
     cfg.write_text(
         config(mode)
-        + f"clientConnection:\n  kubeconfig: {kubeconfig}\n"
+        + connection
         + f"metricsBindAddress: 127.0.0.1:{METRICS_PORT}\n"
         + "logging:\n  format: json\n"
     )
@@ -518,6 +549,11 @@ def measure(
         try:
             srv.clear_requests()
             python = [sys.executable, "-X", "importtime"] if importtime else [sys.executable]
+            if srv.tls:  # as in a pod: its service account, and the server's address
+                python = [*in_a_pod(work), *python]
+                env = dict(
+                    env, KUBERNETES_SERVICE_HOST=srv.host, KUBERNETES_SERVICE_PORT=str(srv.port)
+                )
             argv = [
                 *python,
                 *KUBEPLEX_CMD[1:],
@@ -761,6 +797,13 @@ def main() -> None:
     p.add_argument(
         "--bare", action="store_true", help="the minimal objects, without what a cluster adds"
     )
+    p.add_argument(
+        "--auth",
+        choices=("kubeconfig", "in-cluster"),
+        default="kubeconfig",
+        help="how the proxy finds the server: a kubeconfig file (HTTP), or as in a pod, its"
+        " service account (HTTPS, a bearer token)",
+    )
     p.add_argument("--json", type=Path, help="also write every run's figures here")
     p.add_argument(
         "--baseline",
@@ -790,7 +833,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(s) for s in args.sizes.split(",")):
             start = time.monotonic()
-            srv, slices, size = load_server(n, args.bare, args.endpoints)
+            srv, slices, size = load_server(n, args.bare, args.endpoints, args.auth == "in-cluster")
             served, decoded = list_floor(srv)
             print(
                 f"# {n} services x {args.endpoints} endpoints loaded in"

@@ -44,13 +44,11 @@ from __future__ import annotations
 import codecs
 import contextlib
 import gc
-import importlib.util
 import json
 import logging
 import queue
 import random
 import re
-import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -67,59 +65,17 @@ from tenacity import (
     wait_random,
 )
 
-from kubeplex.core.config.kubeproxy import ClientConnectionConfiguration, KubeProxyConfiguration
+from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
 from kubeplex.core.model.cluster import ClusterState, ErrorSink
 from kubeplex.core.model.errors import InvalidObject, KubeplexError, bare, clip, shown
 from kubeplex.core.model.graph import ProxyState
 from kubeplex.core.model.types import IPFamily
-
-
-def _register_packages_bare(*names: str) -> None:
-    """Register the packages ``names`` without running their ``__init__``, unless imported
-    already: ``kubernetes/__init__`` imports every part of the client (the dynamic client
-    and its schema validation, streams, leader election, informers) and
-    ``kubernetes/config/__init__`` both config loaders with OAuth, 0.1-0.2 s at each start,
-    where kubeplex uses the REST client and one loader (``kubernetes/utils/__init__``, which
-    the REST client reaches for its retry and keepalive helpers, adds 3 ms of YAML creation
-    and metrics helpers). Their submodules import as usual; the
-    first use of anything else of such a package (``kubernetes.config.load_kube_config``,
-    ``kubernetes.__version__``) runs its ``__init__`` then, so nothing else sees a difference."""
-    for name in names:
-        if name in sys.modules:
-            continue
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None or spec.submodule_search_locations is None:
-            return  # not a package here: the imports below fail or work as they would
-        module = importlib.util.module_from_spec(spec)
-        module.__getattr__ = _completion(module, spec.loader)  # type: ignore[method-assign]
-        sys.modules[name] = module
-        parent, _, child = name.rpartition(".")
-        if parent in sys.modules:
-            setattr(sys.modules[parent], child, module)
-
-
-def _completion(module: Any, loader: Any) -> Callable[[str], Any]:
-    """A module ``__getattr__`` (PEP 562) that runs the package's ``__init__`` once, then
-    answers from what it defined."""
-    lock = threading.RLock()
-
-    def complete(attr: str) -> Any:
-        with lock:
-            if module.__dict__.pop("__getattr__", None) is not None:
-                loader.exec_module(module)
-        try:
-            return module.__dict__[attr]
-        except KeyError:
-            raise AttributeError(f"module {module.__name__!r} has no attribute {attr!r}") from None
-
-    return complete
-
-
-_register_packages_bare("kubernetes", "kubernetes.config", "kubernetes.utils")
-
-import kubernetes.client as k8s  # noqa: E402
-from kubernetes.client.exceptions import ApiException  # noqa: E402
-from kubernetes.config.config_exception import ConfigException  # noqa: E402
+from kubeplex.core.sources.kubeclient import (
+    ApiException,
+    ApiTransport,
+    api_request,
+    make_api_client,
+)
 
 log = logging.getLogger(__name__)
 
@@ -152,91 +108,6 @@ RESOURCES = (SERVICES, ENDPOINTSLICES, NODES, SERVICECIDRS)
 _DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
 )
-
-
-# --------------------------------------------------------------------------------- client
-
-
-def load_client_configuration(cc: ClientConnectionConfiguration) -> Any:
-    """A dedicated ``kubernetes.client.Configuration`` (never the global default).
-
-    From ``clientConnection.kubeconfig`` if set, else the in-cluster service account, like
-    upstream kube-proxy (which does not fall back to ``~/.kube/config`` either).
-    """
-    conf = k8s.Configuration()
-    if cc.kubeconfig:
-        # Only this loader (and its OAuth and exec plugin support) is imported, when used.
-        from kubernetes.config.kube_config import load_kube_config
-
-        try:
-            load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=cc.kubeconfig, client_configuration=conf, persist_config=False
-            )
-        except (ConfigException, OSError, ValueError, TypeError) as err:
-            raise KubeplexError(
-                f"clientConnection.kubeconfig {cc.kubeconfig}: cannot load: {err}"
-            ) from err
-    else:
-        from kubernetes.config.incluster_config import load_incluster_config
-
-        try:
-            load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=conf
-            )
-        except ConfigException as err:
-            raise KubeplexError(
-                "no Kubernetes API to talk to: clientConnection.kubeconfig is empty and this is "
-                f"not a pod with a service account ({err}); set clientConnection.kubeconfig in "
-                "--config, or run from files with --manifests PATH"
-            ) from err
-    if cc.content_type and cc.content_type != "application/json":
-        log.info(
-            "clientConnection.contentType %s: the Python client speaks JSON only, using JSON",
-            cc.content_type,
-        )
-    return conf
-
-
-def make_api_client(cc: ClientConnectionConfiguration) -> Any:
-    """A ``kubernetes.client.ApiClient`` for ``clientConnection``."""
-    return k8s.ApiClient(load_client_configuration(cc))
-
-
-def api_request(
-    api: Any,
-    method: str,
-    path: str,
-    *,
-    path_params: Mapping[str, str] | None = None,
-    query: Iterable[tuple[str, Any]] = (),
-    body: Any = None,
-    content_type: str | None = None,
-    timeout: Any = None,
-) -> Any:
-    """One request through the client's ``ApiClient`` (its configuration, authentication and
-    connection pool), answered by the raw ``urllib3`` response; a non-2xx status raises
-    :class:`ApiException` as the generated methods do with ``_preload_content=False``.
-
-    The generated API classes (``CoreV1Api`` ...) are not used: importing them builds
-    hundreds of pydantic models (about a second at start), for the few requests kubeplex makes.
-    """
-    headers: dict[str, Any] = {"Accept": "application/json"}
-    if content_type is not None:
-        headers["Content-Type"] = content_type
-    request = api.param_serialize(
-        method=method,
-        resource_path=path,
-        path_params=dict(path_params) if path_params else None,
-        query_params=list(query),
-        header_params=headers,
-        body=body,
-        auth_settings=["BearerToken"],
-    )
-    resp = api.call_api(*request, _request_timeout=timeout)
-    if not 200 <= resp.status <= 299:
-        resp.read()
-        raise ApiException.from_response(http_resp=resp, body=None, data=None)
-    return resp.response
 
 
 # --------------------------------------------------------------------------------- rate limit
@@ -373,7 +244,7 @@ class EventRecorder:
 
     def __init__(
         self,
-        api: Any,
+        api: ApiTransport,
         node_name: str,
         *,
         component: str = DEFAULT_COMPONENT,
@@ -997,7 +868,7 @@ class KubeApiSource:
 
     def __init__(
         self,
-        api: Any,
+        api: ApiTransport,
         node_name: str,
         *,
         cluster: ClusterState | None = None,

@@ -33,6 +33,7 @@ import random
 import re
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -52,6 +53,11 @@ JSONDict = dict[str, Any]
 DropMode = Literal["reset", "eof", "close"]
 
 log = logging.getLogger(__name__)
+
+#: The server's certificate for ``tls=True``: self-signed (its own CA), for 127.0.0.1, ::1 and
+#: localhost, valid until 2126; and its key. Test material only.
+TLS_CERT = Path(__file__).resolve().parent / "tls.crt"
+TLS_KEY = Path(__file__).resolve().parent / "tls.key"
 
 ADDED = "ADDED"
 MODIFIED = "MODIFIED"
@@ -780,6 +786,7 @@ class FakeApiServer:
         request_log_size: int = 10000,
         watch_cache: bool = True,
         stream_lists: bool = True,
+        tls: bool = False,
     ) -> None:
         if host not in ("127.0.0.1", "::1", "localhost"):
             raise ValueError("the fake apiserver only listens on loopback")
@@ -801,6 +808,9 @@ class FakeApiServer:
         #: List responses go out as they are encoded (chunked), as kube-apiserver 1.33 and
         #: later write them; False: encoded whole, then sent with a Content-Length.
         self.stream_lists = stream_lists
+        #: HTTPS with :data:`TLS_CERT` (its own CA, for 127.0.0.1, ::1 and localhost), as a
+        #: pod's service account reaches the API server.
+        self.tls = tls
 
         self._cond = threading.Condition(threading.RLock())
         self._rev = 1
@@ -829,6 +839,10 @@ class FakeApiServer:
         self._stopping.clear()
         self._running.set()
         httpd = _HTTPServer((self.host, self._requested_port), _Handler, self)
+        if self.tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(TLS_CERT, TLS_KEY)
+            httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
         self._requested_port = httpd.server_address[1]  # keep the port across stop()/start()
         self._httpd = httpd
         self._thread = threading.Thread(
@@ -880,18 +894,21 @@ class FakeApiServer:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     def write_kubeconfig(self, path: str | Path, *, namespace: str | None = None) -> Path:
         """Write a kubeconfig (JSON is valid YAML) pointing at this server; returns the path."""
         user: JSONDict = {"token": self.token} if self.token else {}
         ctx: JSONDict = {"cluster": "kubeplex-fake", "user": "kubeplex-fake"}
+        cluster: JSONDict = {"server": self.url}
+        if self.tls:
+            cluster["certificate-authority"] = str(TLS_CERT)
         if namespace:
             ctx["namespace"] = namespace
         cfg = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "kubeplex-fake", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "kubeplex-fake", "cluster": cluster}],
             "users": [{"name": "kubeplex-fake", "user": user}],
             "contexts": [{"name": "kubeplex-fake", "context": ctx}],
             "current-context": "kubeplex-fake",
@@ -907,6 +924,8 @@ class FakeApiServer:
 
         cfg = kc.Configuration()
         cfg.host = self.url
+        if self.tls:
+            cfg.ssl_ca_cert = str(TLS_CERT)
         if self.token:
             cfg.api_key = {"authorization": f"Bearer {self.token}"}
         return kc.ApiClient(cfg)
@@ -2025,8 +2044,10 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 raise _injected_error(failure.code, failure.retry_after)
             if api.token is not None:
-                auth = self.headers.get("Authorization", "")
-                if auth != f"Bearer {api.token}":
+                # The scheme is case-insensitive, as the real bearer token authenticator has
+                # it (a pod's service account token is sent as "bearer ...").
+                scheme, _, token = self.headers.get("Authorization", "").partition(" ")
+                if scheme.lower() != "bearer" or token != api.token:
                     raise ApiError(401, "Unauthorized", "Unauthorized")
             if not info.is_resource:
                 self._serve_nonresource(path)
@@ -2375,7 +2396,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             r, _, _ = select.select([self.connection], [], [], 0)
             if r:
-                return bool(self.connection.recv(1, socket.MSG_PEEK) == b"")
+                # The TCP stream's own bytes (under TLS too): nothing left means the client
+                # closed it.
+                return bool(socket.socket.recv(self.connection, 1, socket.MSG_PEEK) == b"")
         except (OSError, ValueError):
             return True
         return False

@@ -1,0 +1,225 @@
+"""The connection to the Kubernetes API, through the ``kubernetes`` client: its loaders (the
+kubeconfig of ``clientConnection.kubeconfig``, else the pod's service account), its
+``Configuration`` (server, credentials and their refresh, TLS, proxy) and its REST client (the
+urllib3 connection pool, client-go's retries, TCP keepalive).
+
+What is not used is not imported. The package ``__init__``\\ s are skipped (see
+:func:`_register_packages_bare`), and so is the generated ``ApiClient``. kubeplex's requests
+answer with raw responses and are never deserialized into models, so the ``ApiClient`` would
+only add its imports: pydantic, dateutil's parser and a thread pool, 0.06-0.1 s at each start.
+:class:`ApiConnection` keeps the two parts of it that kubeplex uses, the ``Configuration`` and a
+REST client, and :func:`api_request` prepares a request as its ``param_serialize`` does. The
+kubeconfig loader imports the ``ApiClient`` itself; only the in-cluster loader does without.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+from typing import Any, Protocol
+from urllib.parse import quote
+
+from kubeplex.core.config.kubeproxy import ClientConnectionConfiguration
+from kubeplex.core.model.errors import KubeplexError
+
+
+def _register_packages_bare(*names: str) -> None:
+    """Register the packages ``names`` without running their ``__init__``, unless imported
+    already: ``kubernetes/__init__`` imports every part of the client (the dynamic client
+    and its schema validation, streams, leader election, informers) and
+    ``kubernetes/config/__init__`` both config loaders with OAuth, 0.1-0.2 s at each start,
+    where kubeplex uses the REST client and one loader (``kubernetes/utils/__init__``, which
+    the REST client reaches for its retry and keepalive helpers, adds 3 ms of YAML creation
+    and metrics helpers). Their submodules import as usual; the
+    first use of anything else of such a package (``kubernetes.config.load_kube_config``,
+    ``kubernetes.__version__``) runs its ``__init__`` then, so nothing else sees a difference."""
+    for name in names:
+        if name in sys.modules:
+            continue
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+            return  # not a package here: the imports below fail or work as they would
+        module = importlib.util.module_from_spec(spec)
+        module.__getattr__ = _completion(module, spec.loader)  # type: ignore[method-assign]
+        sys.modules[name] = module
+        parent, _, child = name.rpartition(".")
+        if parent in sys.modules:
+            setattr(sys.modules[parent], child, module)
+
+
+def _completion(module: Any, loader: Any) -> Callable[[str], Any]:
+    """A module ``__getattr__`` (PEP 562) that runs the package's ``__init__`` once, then
+    answers from what it defined."""
+    lock = threading.RLock()
+
+    def complete(attr: str) -> Any:
+        with lock:
+            if module.__dict__.pop("__getattr__", None) is not None:
+                loader.exec_module(module)
+        try:
+            return module.__dict__[attr]
+        except KeyError:
+            raise AttributeError(f"module {module.__name__!r} has no attribute {attr!r}") from None
+
+    return complete
+
+
+_register_packages_bare("kubernetes", "kubernetes.config", "kubernetes.utils")
+
+import kubernetes.client as k8s  # noqa: E402
+from kubernetes.client import rest  # noqa: E402
+from kubernetes.client.exceptions import ApiException as ApiException  # noqa: E402
+from kubernetes.config.config_exception import ConfigException  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+#: The User-Agent the client's ``ApiClient`` sends, sent here too.
+USER_AGENT = f"OpenAPI-Generator/{k8s.__version__}/python"
+
+
+class ApiTransport(Protocol):
+    """What a request needs of a connection: an :class:`ApiConnection`, or the client's own
+    ``kubernetes.client.ApiClient`` (tests hand one in)."""
+
+    configuration: Any
+    rest_client: Any
+    default_headers: dict[str, str]
+
+    def close(self) -> None: ...
+
+
+class ApiConnection:
+    """A ``Configuration`` and the REST client made for it: what kubeplex's requests use of
+    ``kubernetes.client.ApiClient``, under the same attribute names."""
+
+    def __init__(self, configuration: Any) -> None:
+        self.configuration = configuration
+        self.rest_client = rest.RESTClientObject(configuration)
+        self.default_headers = {"User-Agent": USER_AGENT}
+
+    def close(self) -> None:
+        self.rest_client.close()
+
+    def __enter__(self) -> ApiConnection:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        err: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def load_client_configuration(cc: ClientConnectionConfiguration) -> Any:
+    """A dedicated ``kubernetes.client.Configuration`` (never the global default).
+
+    From ``clientConnection.kubeconfig`` if set, else the in-cluster service account, like
+    upstream kube-proxy (which does not fall back to ``~/.kube/config`` either).
+    """
+    conf = k8s.Configuration()
+    if cc.kubeconfig:
+        # Only this loader (and its OAuth and exec plugin support) is imported, when used.
+        from kubernetes.config.kube_config import load_kube_config
+
+        try:
+            load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=cc.kubeconfig, client_configuration=conf, persist_config=False
+            )
+        except (ConfigException, OSError, ValueError, TypeError) as err:
+            raise KubeplexError(
+                f"clientConnection.kubeconfig {cc.kubeconfig}: cannot load: {err}"
+            ) from err
+    else:
+        from kubernetes.config.incluster_config import load_incluster_config
+
+        try:
+            load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=conf
+            )
+        except ConfigException as err:
+            raise KubeplexError(
+                "no Kubernetes API to talk to: clientConnection.kubeconfig is empty and this is "
+                f"not a pod with a service account ({err}); set clientConnection.kubeconfig in "
+                "--config, or run from files with --manifests PATH"
+            ) from err
+    if cc.content_type and cc.content_type != "application/json":
+        log.info(
+            "clientConnection.contentType %s: the Python client speaks JSON only, using JSON",
+            cc.content_type,
+        )
+    return conf
+
+
+def make_api_client(cc: ClientConnectionConfiguration) -> ApiConnection:
+    """The connection for ``clientConnection``."""
+    return ApiConnection(load_client_configuration(cc))
+
+
+def api_request(
+    api: ApiTransport,
+    method: str,
+    path: str,
+    *,
+    path_params: Mapping[str, str] | None = None,
+    query: Iterable[tuple[str, Any]] = (),
+    body: Any = None,
+    content_type: str | None = None,
+    timeout: Any = None,
+) -> Any:
+    """One request through the connection's REST client, with its configuration's server and
+    credentials, answered by the raw ``urllib3`` response; a non-2xx status raises
+    :class:`ApiException` as the generated methods do with ``_preload_content=False``.
+
+    The request is the one ``ApiClient.param_serialize`` prepares: its default headers, path
+    parameters quoted with ``safe_chars_for_path_param``, the credentials of the
+    ``BearerToken`` auth setting (read at each request: the loaders' refresh hooks run), query
+    values lowercased if booleans and quoted. The generated API classes (``CoreV1Api`` ...) are
+    not used: importing them builds hundreds of pydantic models (about a second at start), for
+    the few requests kubeplex makes.
+    """
+    conf = api.configuration
+    headers: dict[str, Any] = {"Accept": "application/json"}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    headers.update(api.default_headers)
+    for key, value in (path_params or {}).items():
+        path = path.replace("{" + key + "}", quote(str(value), safe=conf.safe_chars_for_path_param))
+    params = list(query)
+    for setting in conf.auth_settings().values():
+        _apply_auth(setting, headers, params)
+    url = conf.host + path
+    if params:
+        url += "?" + "&".join(f"{key}={quote(_query_value(value))}" for key, value in params)
+    resp = api.rest_client.request(
+        method, url, headers=headers, body=body, _request_timeout=timeout
+    )
+    if not 200 <= resp.status <= 299:
+        resp.read()
+        raise ApiException.from_response(http_resp=resp, body=None, data=None)
+    return resp.response
+
+
+def _apply_auth(setting: Mapping[str, Any], headers: dict[str, Any], params: list[Any]) -> None:
+    """One of ``Configuration.auth_settings()``, applied as ``ApiClient`` applies it."""
+    if setting["in"] == "header":
+        headers[setting["key"]] = setting["value"]
+    elif setting["in"] == "query":
+        params.append((setting["key"], setting["value"]))
+    elif setting["in"] == "cookie":
+        cookie = quote(str(setting["value"]), safe="!#$%&'()*+-./:<=>?@[]^_`{|}~%+/=")
+        previous = headers.get("Cookie")
+        headers["Cookie"] = f"{previous + '; ' if previous else ''}{setting['key']}={cookie}"
+    else:
+        raise KubeplexError(f"credentials to send in {setting['in']!r}: not supported")
+
+
+def _query_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
