@@ -30,9 +30,10 @@ to serve the lists kubeplex asks for (at resourceVersion 0: whole), and that plu
 The objects are as a cluster holds them (managedFields, owner and pod references, conditions,
 zones; ``--bare`` for the minimal ones).
 
-``--auth in-cluster`` starts the proxy as in a pod (the Helm chart's way): no kubeconfig, the
-service account's token and CA where a pod has them (a mount namespace of its own), the server
-at ``KUBERNETES_SERVICE_HOST``, over HTTPS. By default it reads a kubeconfig (HTTP).
+The server speaks HTTPS and asks for a bearer token, as a real one does. The proxy reads a
+kubeconfig (server, CA and token); ``--auth in-cluster`` starts it as in a pod instead (the Helm
+chart's way): no kubeconfig, the service account's token and CA where a pod has them (in a mount
+namespace of its own), the server at ``KUBERNETES_SERVICE_HOST``.
 
 ``--baseline DIR`` also runs the kubeplex package under DIR (``DIR/kubeplex/core``, ...), run by
 run interleaved with the other's, and reports it after; ``--kubeplex DIR`` runs the one under DIR
@@ -381,11 +382,12 @@ def list_floor(srv: FakeApiServer, page: int = 500) -> tuple[float, float]:
 
 
 def load_server(
-    n: int, bare: bool, endpoints: int = 10, tls: bool = False
+    n: int, bare: bool, endpoints: int = 10
 ) -> tuple[FakeApiServer, dict[int, dict[str, Any]], int]:
-    """A started server holding the cluster (over HTTPS with ``tls``); the EndpointSlices by
-    Service index; and the size of the Services and EndpointSlices as JSON."""
-    srv = FakeApiServer(defaulting=False, tls=tls, token=SA_TOKEN if tls else None).start()
+    """A started server holding the cluster, over HTTPS and asking for a bearer token as a
+    real one; the EndpointSlices by Service index; and the size of the Services and
+    EndpointSlices as JSON."""
+    srv = FakeApiServer(defaulting=False, tls=True, token=TOKEN).start()
     srv.create(
         "Node",
         {
@@ -408,9 +410,9 @@ def load_server(
 
 # ------------------------------------------------------------------------------ one run
 
-#: ``--auth in-cluster``: the token of the service account the runs present, and where a pod
-#: has it (with the API server's CA).
-SA_TOKEN = "bench-service-account"
+#: The bearer token the proxy presents (from the kubeconfig, or as a pod's service account),
+#: and where a pod has it (with the API server's CA).
+TOKEN = "bench-token"
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -419,7 +421,7 @@ def in_a_pod(work: Path) -> list[str]:
     where a tmpfs over ``/var/run/secrets`` holds the service account's token and the API
     server's CA (the host's directory is made if missing, and left empty)."""
     token = work / "token"
-    token.write_text(SA_TOKEN)
+    token.write_text(TOKEN)
     SA_DIR.parents[1].mkdir(parents=True, exist_ok=True)
     script = (
         f"mount -t tmpfs kubeplex-bench {SA_DIR.parents[1]} && mkdir -p {SA_DIR}"
@@ -524,14 +526,16 @@ def measure(
     seconds: float,
     counter: list[int],
     importtime: bool = False,
+    in_cluster: bool = False,
 ) -> Run:
     """One cold start and burst; with ``importtime`` a cold start under ``-X importtime``
-    instead (slower: its times are not the figures), for what its imports cost."""
+    instead (slower: its times are not the figures), for what its imports cost; with
+    ``in_cluster`` started as in a pod instead of from a kubeconfig."""
     n = len(slices)
     run = Run(mode, n, len(next(iter(slices.values()))["endpoints"]))
     cfg = work / "config.yaml"
     connection = ""
-    if not srv.tls:
+    if not in_cluster:
         connection = (
             f"clientConnection:\n  kubeconfig: {srv.write_kubeconfig(work / 'kubeconfig')}\n"
         )
@@ -549,7 +553,7 @@ def measure(
         try:
             srv.clear_requests()
             python = [sys.executable, "-X", "importtime"] if importtime else [sys.executable]
-            if srv.tls:  # as in a pod: its service account, and the server's address
+            if in_cluster:  # as in a pod: its service account, and the server's address
                 python = [*in_a_pod(work), *python]
                 env = dict(
                     env, KUBERNETES_SERVICE_HOST=srv.host, KUBERNETES_SERVICE_PORT=str(srv.port)
@@ -801,8 +805,8 @@ def main() -> None:
         "--auth",
         choices=("kubeconfig", "in-cluster"),
         default="kubeconfig",
-        help="how the proxy finds the server: a kubeconfig file (HTTP), or as in a pod, its"
-        " service account (HTTPS, a bearer token)",
+        help="how the proxy finds the server: from a kubeconfig file, or as in a pod, from its"
+        " service account",
     )
     p.add_argument("--json", type=Path, help="also write every run's figures here")
     p.add_argument(
@@ -817,6 +821,7 @@ def main() -> None:
         help="a directory holding the kubeplex package to run instead of the installed one",
     )
     args = p.parse_args()
+    in_cluster = args.auth == "in-cluster"
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
     # A SIGTERM unwinds like ^C: the daemon is stopped and the namespace deleted.
@@ -833,7 +838,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(s) for s in args.sizes.split(",")):
             start = time.monotonic()
-            srv, slices, size = load_server(n, args.bare, args.endpoints, args.auth == "in-cluster")
+            srv, slices, size = load_server(n, args.bare, args.endpoints)
             served, decoded = list_floor(srv)
             print(
                 f"# {n} services x {args.endpoints} endpoints loaded in"
@@ -847,12 +852,29 @@ def main() -> None:
                     runs: dict[str, list[Run]] = {name: [] for name in variants}
                     for name, venv in variants.items():
                         imports[mode, name] = measure(
-                            srv, slices, mode, venv, Path(tmp), 0, 0, counter, importtime=True
+                            srv,
+                            slices,
+                            mode,
+                            venv,
+                            Path(tmp),
+                            0,
+                            0,
+                            counter,
+                            importtime=True,
+                            in_cluster=in_cluster,
                         ).imports
                     for _ in range(args.repeat):
                         for name, venv in variants.items():  # interleaved: the same load
                             run = measure(
-                                srv, slices, mode, venv, Path(tmp), args.rate, args.seconds, counter
+                                srv,
+                                slices,
+                                mode,
+                                venv,
+                                Path(tmp),
+                                args.rate,
+                                args.seconds,
+                                counter,
+                                in_cluster=in_cluster,
                             )
                             run.variant = name
                             runs[name].append(run)
