@@ -26,7 +26,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubeplex.backends.nftables import inspection, names
+from kubeplex.backends.nftables import names
 from kubeplex.backends.nftables.kernel import NftKernel, NftSeam
 from kubeplex.backends.nftables.listing import (
     TableObjects,
@@ -437,6 +437,9 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
 
     def inspect(self, service_port: ServicePortName) -> list[ProgrammedService]:
         out = []
+        # Imported here: ``explain`` reads the kernel, the daemon never does (4 ms at start).
+        from kubeplex.backends.nftables import inspection
+
         present = set(self._tables())
         for family in self.ctx.families:
             fam = _ip(family)

@@ -4,6 +4,7 @@ state from manifests (exit codes, options and the configuration are in ``options
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kubeplex.core.cli.options import node_name
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
@@ -11,7 +12,9 @@ from kubeplex.core.daemon.collector import collector_paused
 from kubeplex.core.dataplane import plugins
 from kubeplex.core.dataplane.backend import Backend, BackendContext
 from kubeplex.core.model.cluster import ClusterState
-from kubeplex.core.sources.manifests import ManifestSource
+
+if TYPE_CHECKING:
+    from kubeplex.core.sources.manifests import ManifestSource
 
 
 def make_backend(cfg: KubeProxyConfiguration, netns: str | None) -> Backend:
@@ -24,6 +27,9 @@ def state_from_manifests(
     cfg: KubeProxyConfiguration, path: Path
 ) -> tuple[ClusterState, ManifestSource]:
     """A cluster state holding the objects of a manifests folder or file, loaded once."""
+    # Imported here: a daemon reading the API never needs it (3 ms at start).
+    from kubeplex.core.sources.manifests import ManifestSource
+
     cluster = ClusterState(node_name(cfg))
     source = ManifestSource(path, cluster)
     with collector_paused():  # parsing allocates an object per endpoint, none in a cycle

@@ -20,20 +20,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    GCCollector,
-    Histogram,
-    PlatformCollector,
-    ProcessCollector,
-)
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
-from prometheus_client.metrics import MetricWrapperBase
-from prometheus_client.registry import Collector
-
 from kubeplex.core.daemon.healthcheck import App, HTTPServing, Response
 from kubeplex.core.dataplane.backend import (
     Backend,
@@ -45,6 +31,27 @@ from kubeplex.core.dataplane.backend import (
 )
 from kubeplex.core.model.graph import ProxyState, ServiceGraph
 from kubeplex.core.model.types import IPFamily
+from kubeplex.core.packages import register_bare
+
+# prometheus_client/__init__ imports its exposition, push gateway, WSGI and ASGI servers too
+# (3-4 ms at each start): kubeplex serves /metrics itself, with generate_latest imported at the
+# first scrape.
+register_bare("prometheus_client")
+
+import prometheus_client.values  # noqa: E402, F401  (before metrics, which imports it "from .")
+from prometheus_client.gc_collector import GCCollector  # noqa: E402
+from prometheus_client.metrics import Counter, Gauge, Histogram, MetricWrapperBase  # noqa: E402
+from prometheus_client.metrics_core import (  # noqa: E402
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
+from prometheus_client.platform_collector import PlatformCollector  # noqa: E402
+from prometheus_client.process_collector import ProcessCollector  # noqa: E402
+from prometheus_client.registry import Collector, CollectorRegistry  # noqa: E402
+
+#: The text format /metrics answers in (prometheus_client's ``CONTENT_TYPE_PLAIN_0_0_4``).
+TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
 
 log = logging.getLogger(__name__)
 
@@ -383,6 +390,8 @@ class ProxyMetrics:
 
     def exposition(self) -> bytes:
         """The Prometheus text format (0.0.4) of every metric, as /metrics serves it."""
+        from prometheus_client.exposition import generate_latest
+
         return generate_latest(_WithoutCreated(self.registry))
 
     def value(self, name: str, labels: Mapping[str, str] | None = None) -> float | None:
@@ -428,7 +437,7 @@ class MetricsServer:
         nosniff = ("X-Content-Type-Options", "nosniff")
         text = ("Content-Type", "text/plain; charset=utf-8")
         if path == "/metrics":
-            return 200, (("Content-Type", CONTENT_TYPE_PLAIN_0_0_4),), self.metrics.exposition()
+            return 200, (("Content-Type", TEXT_FORMAT),), self.metrics.exposition()
         if path == "/proxyMode":
             return 200, (text, nosniff), self.metrics.mode.encode()
         if path == "/healthz":

@@ -4,9 +4,10 @@ kubeconfig of ``clientConnection.kubeconfig``, else the pod's service account), 
 urllib3 connection pool, client-go's retries, TCP keepalive).
 
 What is not used is not imported. The package ``__init__``\\ s are skipped (see
-:func:`_register_packages_bare`), and so is the generated ``ApiClient``. kubeplex's requests
-answer with raw responses and are never deserialized into models, so the ``ApiClient`` would
-only add its imports: pydantic, dateutil's parser and a thread pool, 0.06-0.1 s at each start.
+:func:`kubeplex.core.packages.register_bare`), and so is the generated ``ApiClient``.
+kubeplex's requests answer with raw responses and are never deserialized into models, so the
+``ApiClient`` would only add its imports: pydantic, dateutil's parser and a thread pool,
+0.06-0.1 s at each start.
 :class:`ApiConnection` keeps the two parts of it that kubeplex uses, the ``Configuration`` and a
 REST client, and :func:`api_request` prepares a request as its ``param_serialize`` does. The
 kubeconfig loader imports the ``ApiClient`` itself; only the in-cluster loader does without.
@@ -14,61 +15,22 @@ kubeconfig loader imports the ``ApiClient`` itself; only the in-cluster loader d
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
-import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Protocol
 from urllib.parse import quote
 
 from kubeplex.core.config.kubeproxy import ClientConnectionConfiguration
 from kubeplex.core.model.errors import KubeplexError
+from kubeplex.core.packages import register_bare
 
-
-def _register_packages_bare(*names: str) -> None:
-    """Register the packages ``names`` without running their ``__init__``, unless imported
-    already: ``kubernetes/__init__`` imports every part of the client (the dynamic client
-    and its schema validation, streams, leader election, informers) and
-    ``kubernetes/config/__init__`` both config loaders with OAuth, 0.1-0.2 s at each start,
-    where kubeplex uses the REST client and one loader (``kubernetes/utils/__init__``, which
-    the REST client reaches for its retry and keepalive helpers, adds 3 ms of YAML creation
-    and metrics helpers). Their submodules import as usual; the
-    first use of anything else of such a package (``kubernetes.config.load_kube_config``,
-    ``kubernetes.__version__``) runs its ``__init__`` then, so nothing else sees a difference."""
-    for name in names:
-        if name in sys.modules:
-            continue
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None or spec.submodule_search_locations is None:
-            return  # not a package here: the imports below fail or work as they would
-        module = importlib.util.module_from_spec(spec)
-        module.__getattr__ = _completion(module, spec.loader)  # type: ignore[method-assign]
-        sys.modules[name] = module
-        parent, _, child = name.rpartition(".")
-        if parent in sys.modules:
-            setattr(sys.modules[parent], child, module)
-
-
-def _completion(module: Any, loader: Any) -> Callable[[str], Any]:
-    """A module ``__getattr__`` (PEP 562) that runs the package's ``__init__`` once, then
-    answers from what it defined."""
-    lock = threading.RLock()
-
-    def complete(attr: str) -> Any:
-        with lock:
-            if module.__dict__.pop("__getattr__", None) is not None:
-                loader.exec_module(module)
-        try:
-            return module.__dict__[attr]
-        except KeyError:
-            raise AttributeError(f"module {module.__name__!r} has no attribute {attr!r}") from None
-
-    return complete
-
-
-_register_packages_bare("kubernetes", "kubernetes.config", "kubernetes.utils")
+# ``kubernetes/__init__`` imports every part of the client (the dynamic client and its schema
+# validation, streams, leader election, informers) and ``kubernetes/config/__init__`` both
+# config loaders with OAuth, 0.1-0.2 s at each start; ``kubernetes/utils/__init__``, which the
+# REST client reaches for its retry and keepalive helpers, adds 3 ms of YAML creation and
+# metrics helpers. kubeplex uses the REST client and one loader.
+register_bare("kubernetes", "kubernetes.config", "kubernetes.utils")
 
 import kubernetes.client as k8s  # noqa: E402
 from kubernetes.client import rest  # noqa: E402
