@@ -16,7 +16,8 @@ It prints, per size and mode (medians of ``--repeat`` runs):
                   (transfer and decoding, the daemon's "initial list complete" lines), -> first
                   sync start (its "sync starting (full)" line; from a daemon that does not log
                   it, its "synced ... in X ms" line less X), the first sync itself (its
-                  checkout, then the backend's X ms), and sync end -> seen in the kernel; and
+                  checkout, then the backend's X ms), and sync end -> seen in the kernel (before
+                  the first sync: to its start, and to the end of its checkout); and
                   what imports cost, from one more cold start under ``python -X importtime``
                   (not counted in the figures)
   rss             VmHWM (peak RSS) after the first sync and at the end, before stopping
@@ -613,6 +614,7 @@ def breakdown(
         out["sync_start"] = (started[-1] if started else end - took) - t0
         out["sync"] = end - t0 - out["sync_start"]
         out["checkout"] = out["sync"] - took
+        out["checked_out"] = out["sync_start"] + out["checkout"]
         out["sync_end"] = end - t0
     return out
 
@@ -766,7 +768,8 @@ def report(runs: list[Run], imports: dict[str, float], interpreter: float) -> st
         f" {seg(b, 'listed', 'sync_start')} -> first sync {b.get('sync', float('nan')):.2f}s"
         f" (checkout {b.get('checkout', float('nan')):.2f}s)"
         f" -> in the kernel {kernel - b.get('sync_end', float('nan')):+.3f}s after the sync's"
-        f" end as logged; before the first sync {b.get('sync_start', float('nan')):.2f}s",
+        f" end as logged; before the first sync {b.get('sync_start', float('nan')):.2f}s"
+        f" ({b.get('checked_out', float('nan')):.2f}s with its checkout)",
         f"  rss: peak {med([r.rss_peak_mb for r in runs]):.0f} MB"
         f" (after the first sync {med([r.rss_start_mb for r in runs]):.0f} MB)",
         f"  burst: {u['changes']:.0f} changes at {u['rate']:.0f}/s; last one live"
