@@ -3,6 +3,7 @@ older Service when a folder of manifests hands the same address to two."""
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,34 @@ def test_a_second_service_with_the_same_cluster_ip_is_refused_naming_both() -> N
     assert [e.path for e in err.errors] == ["spec.clusterIP"]
     assert "Service default/web" in str(err) and WEB_VIP in str(err)
     assert sink.names() == ["newcomer"]  # reported once, as any invalid object (an Event)
+
+
+class _Raw(dict[str, Any]):
+    """A raw object that a weak reference can follow (a plain dict cannot)."""
+
+
+def test_a_report_names_the_object_without_the_cluster_keeping_it() -> None:
+    # An older Service takes the ClusterIP of one accepted before: the report about the one
+    # displaced carries what an Event needs, and no raw Service object is kept for it.
+    sink = Sink()
+    cluster = ClusterState(NODE, (V4,), on_invalid=sink)
+    web = _Raw(service("web", WEB_VIP, 80))
+    web.update(kind="Service", apiVersion="v1")
+    web["metadata"].update(uid="u-1", resourceVersion="7", labels={"big": "x" * 1000})
+    cluster.set_service(web)
+    alive = weakref.ref(web)
+    del web
+    assert alive() is None
+    cluster.set_service(with_created(service("owner", WEB_VIP, 80), "2020-01-01T00:00:00Z"))
+
+    assert programmed(cluster) == {"default/owner": WEB_VIP}
+    [(err, ref)] = sink.calls
+    assert "now belongs to Service default/owner" in str(err)
+    assert ref == {
+        "kind": "Service",
+        "apiVersion": "v1",
+        "metadata": {"name": "web", "namespace": "default", "uid": "u-1", "resourceVersion": "7"},
+    }
 
 
 def test_the_refused_service_is_programmed_once_the_owner_is_deleted() -> None:
