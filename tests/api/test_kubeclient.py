@@ -4,6 +4,7 @@ pod's service account that imports neither pydantic nor the kubeconfig loader.""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -218,3 +219,15 @@ def test_a_wrong_token_is_refused_either_way(tls: bool) -> None:
         with ApiConnection(conf) as conn, pytest.raises(k8s.ApiException) as err:
             api_request(conn, "GET", "/api/v1/services")
         assert err.value.status == 401
+
+
+def test_a_client_that_never_shakes_hands_holds_up_no_other() -> None:
+    with FakeApiServer(tls=True) as srv:
+        silent = socket.create_connection((srv.host, srv.port))
+        try:
+            conf = k8s.Configuration(host=srv.url)
+            conf.ssl_ca_cert = str(TLS_CERT)
+            with ApiConnection(conf) as conn:
+                assert api_request(conn, "GET", "/api/v1/services", timeout=5).status == 200
+        finally:
+            silent.close()

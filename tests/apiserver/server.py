@@ -842,7 +842,11 @@ class FakeApiServer:
         if self.tls:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(TLS_CERT, TLS_KEY)
-            httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+            # The handshake is made on the connection's own thread (process_request_thread),
+            # not in accept(), where a silent client would hold up every other one.
+            httpd.socket = ctx.wrap_socket(
+                httpd.socket, server_side=True, do_handshake_on_connect=False
+            )
         self._requested_port = httpd.server_address[1]  # keep the port across stop()/start()
         self._httpd = httpd
         self._thread = threading.Thread(
@@ -1830,6 +1834,12 @@ class _HTTPServer(ThreadingHTTPServer):
             api._conns.add(request)
             api._conn_threads.add(threading.current_thread())
         try:
+            if isinstance(request, ssl.SSLSocket):
+                try:
+                    request.do_handshake()
+                except OSError:  # (ssl.SSLError is one)
+                    self.shutdown_request(request)
+                    return
             super().process_request_thread(request, client_address)
         finally:
             with api._conn_lock:
