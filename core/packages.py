@@ -22,9 +22,12 @@ def register_bare(*names: str) -> None:
     for name in names:
         if name in sys.modules:
             continue
-        spec = importlib.util.find_spec(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        except ModuleNotFoundError:  # its parent is not here
+            continue
         if spec is None or spec.loader is None or spec.submodule_search_locations is None:
-            return
+            continue
         module = importlib.util.module_from_spec(spec)
         module.__getattr__ = _completion(module, spec.loader)  # type: ignore[method-assign]
         sys.modules[name] = module

@@ -7,14 +7,13 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import kubernetes.client as k8s
 import pytest
 from apiserver import TLS_CERT, FakeApiServer
+from cli_kit import wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubeapi_kit import api_source
@@ -155,7 +154,7 @@ def test_a_source_lists_and_watches_over_https(tmp_path: Path) -> None:
                     "spec": {"selector": {"app": "api"}, "ports": [{"port": 81}]},
                 },
             )
-            assert _eventually(lambda: _services(source) == {"default/web", "default/api"})
+            wait_until(lambda: _services(source) == {"default/web", "default/api"}, "the watch")
         finally:
             source.stop()
         assert {r.status for r in srv.find_requests("list", "services")} == {200}
@@ -164,15 +163,6 @@ def test_a_source_lists_and_watches_over_https(tmp_path: Path) -> None:
 
 def _services(source: KubeApiSource) -> set[str]:
     return {sp.name.namespaced_name for sp in source.cluster.checkout().graphs[IPFamily.IPv4]}
-
-
-def _eventually(check: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 IN_CLUSTER = """

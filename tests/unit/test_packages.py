@@ -37,15 +37,20 @@ def test_metrics_import_only_what_they_use_and_the_rest_stays_importable() -> No
     ]
 
 
-def test_a_package_imported_already_is_left_alone() -> None:
+def test_what_is_imported_already_or_not_a_package_is_left_alone() -> None:
     code = (
         "import prometheus_client, sys\n"
         "from kubeplex.core.packages import register_bare\n"
         "before = sys.modules['prometheus_client']\n"
-        "register_bare('prometheus_client', 'no_such_package_here')\n"
-        "print(sys.modules['prometheus_client'] is before, 'no_such_package_here' in sys.modules)"
+        "register_bare('prometheus_client', 'no_such_package_here', 'no_such_package_here.x',"
+        " 'json.decoder', 'xml')\n"
+        "print(sys.modules['prometheus_client'] is before, 'no_such_package_here' in sys.modules)\n"
+        "print('__getattr__' in vars(sys.modules['xml']))\n"
+        "import xml.dom.minidom\n"
+        "print(callable(xml.dom.minidom.parseString))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
-    assert out == ["True", "False"]
+    # A name that is no package here does not stop the ones after it.
+    assert out == ["True", "False", "True", "True"]
