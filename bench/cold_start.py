@@ -581,8 +581,9 @@ def measure(
                 if importtime:
                     run.imports = import_split(log)
                     return run
-                run.burst = burst(srv, slices, mode, ns, probe, proc, rate, seconds, counter)
-                run.burst.update(burst_log(read_log(log, to_mono), run.burst))
+                if rate > 0 and seconds > 0:
+                    run.burst = burst(srv, slices, mode, ns, probe, proc, rate, seconds, counter)
+                    run.burst.update(burst_log(read_log(log, to_mono), run.burst))
                 run.rss_peak_mb = proc_status_kib(proc.pid, "VmHWM") / 1024
         except Exception:
             sys.stderr.write(f"--- daemon log ({mode}, {n}) ---\n")
@@ -757,6 +758,16 @@ def report(runs: list[Run], imports: dict[str, float], interpreter: float) -> st
     r0 = runs[0]
     b = {k: med([r.breakdown.get(k, float("nan")) for r in runs]) for k in r0.breakdown}
     u = {k: med([r.burst.get(k, float("nan")) for r in runs]) for k in r0.burst}
+    burst = (
+        f"  burst: {u['changes']:.0f} changes at {u['rate']:.0f}/s; last one live"
+        f" {u['catch_up_ms']:.0f} ms after it was written; proxy CPU {u['cpu_share']:.0%}"
+        f" ({u['cpu_share_children']:.0%} with its children); pending max"
+        f" {u['pending_max']:.0f}, 2 s after {u['pending_end']:.0f}; {u['syncs']:.0f} syncs"
+        f" (median {u['sync_median_ms']:.0f} ms, max {u['sync_max_ms']:.0f} ms);"
+        f" relists {u['relists']:.0f}"
+        if u
+        else "  burst: none (--rate 0)"
+    )
     kernel = med([r.kernel_s for r in runs])
     lines = [
         f"{r0.mode:9s} {r0.n:>6} services x {r0.endpoints}: start->kernel {kernel:.2f}s"
@@ -772,12 +783,7 @@ def report(runs: list[Run], imports: dict[str, float], interpreter: float) -> st
         f" ({b.get('checked_out', float('nan')):.2f}s with its checkout)",
         f"  rss: peak {med([r.rss_peak_mb for r in runs]):.0f} MB"
         f" (after the first sync {med([r.rss_start_mb for r in runs]):.0f} MB)",
-        f"  burst: {u['changes']:.0f} changes at {u['rate']:.0f}/s; last one live"
-        f" {u['catch_up_ms']:.0f} ms after it was written; proxy CPU {u['cpu_share']:.0%}"
-        f" ({u['cpu_share_children']:.0%} with its children); pending max"
-        f" {u['pending_max']:.0f}, 2 s after {u['pending_end']:.0f}; {u['syncs']:.0f} syncs"
-        f" (median {u['sync_median_ms']:.0f} ms, max {u['sync_max_ms']:.0f} ms);"
-        f" relists {u['relists']:.0f}",
+        burst,
     ]
     if imports:
         split = ", ".join(f"{k} {v:.2f}s" for k, v in imports.items() if k != "total")
