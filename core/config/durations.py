@@ -7,8 +7,6 @@ file means the same here as upstream and errors print values the way users wrote
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 __all__ = ["DurationError", "format_duration", "parse_duration"]
 
 _NS_PER_UNIT = {
@@ -50,7 +48,7 @@ def parse_duration(text: str) -> float:
         return 0.0
     if not s:
         raise DurationError(text, "empty" if not text else "no number")
-    total = Fraction(0)
+    total = 0
     while s:
         i = 0
         while i < len(s) and s[i].isascii() and s[i].isdigit():
@@ -72,15 +70,12 @@ def parse_duration(text: str) -> float:
             raise DurationError(text, "missing unit")
         if unit not in _NS_PER_UNIT:
             raise DurationError(text, f"unknown unit {_quote(unit)}")
-        number = Fraction(int(whole or "0")) + (
-            Fraction(int(frac), 10 ** len(frac)) if frac else Fraction(0)
-        )
-        total += number * _NS_PER_UNIT[unit]
+        scale = _NS_PER_UNIT[unit]
+        # Go truncates each number's sub-nanosecond part ("1.5ns0.5ns" is 1ns).
+        total += int(whole or "0") * scale + (int(frac) * scale // 10 ** len(frac) if frac else 0)
         if total > _MAX_NS:
             raise DurationError(text, "out of range")
-    # Go truncates sub-nanosecond fractions.
-    ns = int(total)
-    return (-ns if negative else ns) / 1e9
+    return (-total if negative else total) / 1e9
 
 
 def _fraction(value: int, precision: int) -> tuple[str, int]:

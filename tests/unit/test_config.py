@@ -59,6 +59,8 @@ def errors_of(text: str, known_modes: Iterable[str] = DEFAULT_KNOWN_MODES) -> li
         ("250us", 0.00025, "250\u00b5s"),
         ("3\u00b5s", 0.000003, "3\u00b5s"),
         ("10ns", 1e-8, "10ns"),
+        ("1.5ns0.5ns", 1e-9, "1ns"),  # each number's sub-nanosecond part truncated, as in Go
+        ("1.0000000019s", 1.000000001, "1.000000001s"),
     ],
 )
 def test_durations_parse_and_print_like_go(text: str, seconds: float, printed: str) -> None:
