@@ -2,9 +2,11 @@
 is imported, those names stand in for the classes, which are imported at the first call.
 
 The ``kubernetes`` client's kubeconfig loader imports the ``ApiClient`` (pydantic) and
-``requests_oauthlib`` (requests) at its top, 0.07 s at each start, and calls them only to
+``requests_oauthlib`` (requests) at its top, about 0.1 s at each start, and calls them only to
 refresh an OIDC token. Nothing else sees the stand-ins: they are in place only while the module
-is imported, and only for classes not imported yet.
+is imported, and only for classes not imported yet. (A thread importing those names meanwhile
+would get them too: calling one works, ``isinstance`` does not. kubeplex loads its client
+configuration before it starts the threads that could.)
 """
 
 from __future__ import annotations

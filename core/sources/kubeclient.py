@@ -17,6 +17,7 @@ kubeconfig loader's module is imported with what only its OIDC refresh calls def
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Protocol
@@ -120,7 +121,10 @@ def load_client_configuration(cc: ClientConnectionConfiguration) -> Any:
 def _kubeconfig_loader() -> Any:
     """The client's ``load_kube_config``, imported only when used. Its module imports what
     refreshing an OIDC token calls (the ``ApiClient``, ``requests_oauthlib`` and ``oauthlib``'s
-    OAuth 2 flows), 0.08 s at each start: that is imported at the first such refresh."""
+    OAuth 2 flows), about 0.1 s at each start: that is imported at the first such refresh."""
+    loaded = sys.modules.get("kubernetes.config.kube_config")
+    if loaded is not None:  # the stand-ins would only be seen by others
+        return loaded.load_kube_config
     register_bare("oauthlib", "oauthlib.oauth2")
     with deferring({"requests_oauthlib": "OAuth2Session", "kubernetes.client": "ApiClient"}):
         from kubernetes.config.kube_config import load_kube_config

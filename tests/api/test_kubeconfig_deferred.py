@@ -207,3 +207,17 @@ def test_a_deferred_name_calls_the_real_one_with_its_arguments() -> None:
     loads = Deferred("json", "loads")
     assert loads('{"a": [1]}', parse_int=str) == {"a": ["1"]}
     assert loads.resolve() is json.loads
+
+
+def test_a_loader_imported_already_is_used_without_stand_ins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kubernetes.config import kube_config
+
+    from kubeplex.core.sources import kubeclient
+
+    def refuse(names: object) -> None:
+        raise AssertionError("stand-ins put in place for a module imported already")
+
+    monkeypatch.setattr(kubeclient, "deferring", refuse)
+    assert kubeclient._kubeconfig_loader() is kube_config.load_kube_config
