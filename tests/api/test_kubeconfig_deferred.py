@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from apiserver import TLS_CERT, FakeApiServer
+from apiserver import TLS_CERT, TLS_KEY, FakeApiServer
 
 from kubeplex.core.sources.deferred import Deferred, deferring
 
@@ -33,13 +32,13 @@ HEAVY = (
 )
 
 LOAD = """
-import sys
+import json, sys
 from kubeplex.core.config.kubeproxy import ClientConnectionConfiguration
 from kubeplex.core.sources.kubeclient import api_request, make_api_client
 heavy = sys.argv[2:]
 with make_api_client(ClientConnectionConfiguration(kubeconfig=sys.argv[1])) as conn:
     print(conn.configuration.api_key["BearerToken"])
-    print(sorted(m for m in heavy if m in sys.modules))
+    print(json.dumps(sorted(m for m in heavy if m in sys.modules)))
     print(api_request(conn, "GET", "/api/v1/services").status)
 import requests_oauthlib
 from kubernetes.client import ApiClient
@@ -47,27 +46,6 @@ from kubernetes.config import kube_config
 print(isinstance(requests_oauthlib.OAuth2Session, type), isinstance(ApiClient, type),
       type(kube_config.OAuth2Session).__name__, type(kube_config.ApiClient).__name__)
 """
-
-
-def _kubeconfig(path: Path, server: str, user: dict[str, Any]) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "c",
-                        "cluster": {"server": server, "certificate-authority": str(TLS_CERT)},
-                    }
-                ],
-                "users": [{"name": "u", "user": user}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
-    return path
 
 
 def _load(kubeconfig: Path) -> list[str]:
@@ -81,7 +59,7 @@ def _load(kubeconfig: Path) -> list[str]:
 
 def test_a_kubeconfig_start_imports_neither_pydantic_nor_requests(tmp_path: Path) -> None:
     with FakeApiServer(tls=True, token="s3cret") as srv:
-        kubeconfig = _kubeconfig(tmp_path / "kubeconfig", srv.url, {"token": "s3cret"})
+        kubeconfig = srv.write_kubeconfig(tmp_path / "kubeconfig")
         out = _load(kubeconfig)
     assert out == ["Bearer s3cret", "[]", "200", "True True Deferred Deferred"]
 
@@ -138,7 +116,7 @@ class _Issuer(BaseHTTPRequestHandler):
 def issuer() -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Issuer)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(TLS_CERT, TLS_CERT.with_name("tls.key"))
+    context.load_cert_chain(TLS_CERT, TLS_KEY)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -167,14 +145,14 @@ def test_an_expired_oidc_token_is_refreshed_by_the_client_s_own_code(
         },
     }
     with FakeApiServer(tls=True, token=_Issuer.fresh) as srv:
-        kubeconfig = _kubeconfig(tmp_path / "kubeconfig", srv.url, {"auth-provider": provider})
+        kubeconfig = srv.write_kubeconfig(tmp_path / "kubeconfig", user={"auth-provider": provider})
         out = _load(kubeconfig)
     assert out[0] == f"Bearer {_Issuer.fresh}"
     assert out[2] == "200"
     [form] = _Issuer.refreshed
     assert form["grant_type"] == "refresh_token" and form["refresh_token"] == "r1"
     # The refresh imported what it called, the real classes.
-    assert {"requests_oauthlib", "kubernetes.client.api_client"} <= set(eval(out[1]))
+    assert {"requests_oauthlib", "kubernetes.client.api_client"} <= set(json.loads(out[1]))
 
 
 def test_the_stand_ins_are_in_place_only_within_the_block() -> None:

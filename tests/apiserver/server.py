@@ -900,9 +900,14 @@ class FakeApiServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
-    def write_kubeconfig(self, path: str | Path, *, namespace: str | None = None) -> Path:
-        """Write a kubeconfig (JSON is valid YAML) pointing at this server; returns the path."""
-        user: JSONDict = {"token": self.token} if self.token else {}
+    def write_kubeconfig(
+        self, path: str | Path, *, namespace: str | None = None, user: JSONDict | None = None
+    ) -> Path:
+        """Write a kubeconfig (JSON is valid YAML) pointing at this server; returns the path.
+        ``user`` is its user entry (an auth provider, an exec plugin); by default the server's
+        token."""
+        if user is None:
+            user = {"token": self.token} if self.token else {}
         ctx: JSONDict = {"cluster": "kubeplex-fake", "user": "kubeplex-fake"}
         cluster: JSONDict = {"server": self.url}
         if self.tls:
