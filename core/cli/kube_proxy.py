@@ -15,8 +15,8 @@ import yaml
 
 # As in ``run``: only what the daemon's first request to the API server needs is imported
 # here; cleanup and --init-only import their parts when asked.
+from kubeplex.core.cli import codecache, logs
 from kubeplex.core.cli import kube_proxy_flags as flags
-from kubeplex.core.cli import logs
 from kubeplex.core.cli.config_watch import ConfigWatch
 from kubeplex.core.cli.kube_proxy_config import build
 from kubeplex.core.cli.options import EXIT_BACKEND, EXIT_OK, EXIT_USAGE, reporting_errors
@@ -130,7 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"Error: {err}\nRun '{PROG} --help' for usage.", file=sys.stderr)
             return EXIT_USAGE
 
-    return reporting_errors(PROG, run)
+    try:
+        return reporting_errors(PROG, run)
+    finally:
+        codecache.done()
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import cast
 
-from kubeplex.core.cli import logs
+from kubeplex.core.cli import codecache, logs
 from kubeplex.core.cli.options import (
     EXIT_BACKEND,
     EXIT_CONFIG,
@@ -88,7 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Before the configuration is read; a command that reads one configures it again.
     logs.configure(None, getattr(args, "verbosity", None))
     use_trust_file(getattr(args, "plugins", None))
-    return reporting_errors("kubeplex", lambda: COMMANDS[args.command].run(args))
+    try:
+        return reporting_errors("kubeplex", lambda: COMMANDS[args.command].run(args))
+    finally:
+        codecache.done()
 
 
 if __name__ == "__main__":

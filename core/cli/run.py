@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 # Only what reading the configuration and starting the API source need is imported here:
 # the daemon's first request to the API server waits for these imports, while the rest
 # (the daemon's parts, the backend) is imported in serve() as the lists are on their way.
-from kubeplex.core.cli import logs
+from kubeplex.core.cli import codecache, logs
 from kubeplex.core.cli.config_watch import EXIT_CONFIG_CHANGED, ConfigWatch
 from kubeplex.core.cli.options import (
     EXIT_CONFIG,
@@ -141,6 +141,11 @@ def _lists_complete(api: KubeApiSource | None, once: bool, stop: threading.Event
     return api is None or api.synced or _wait_for_api_sync(api, once, stop)
 
 
+def _started(*_: object) -> None:
+    """After each sync: the first ends the start, and what it compiled is kept for the next."""
+    codecache.done()
+
+
 def run(args: argparse.Namespace) -> int:
     # Taken before the file is read: a change made while the daemon starts is seen too.
     watch = ConfigWatch(args.config) if args.config and not args.once else None
@@ -250,6 +255,7 @@ def serve(
             netns=netns,
         )
         proxier.listeners.append(switch)  # after the node's own listeners: health first
+        proxier.listeners.append(_started)
 
         sync_period, min_sync_period = backend.sync_periods()
         runner = SyncRunner(ops.sync, cluster.changed, min_sync_period, sync_period)
