@@ -1824,6 +1824,9 @@ def _decode_continue(token: str) -> tuple[str, int]:
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    #: As Go's listeners: the kernel's largest backlog (socketserver's 5 drops the SYNs of a
+    #: burst of connections, each then retried a second later).
+    request_queue_size = socket.SOMAXCONN
 
     def __init__(
         self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler], api: FakeApiServer
@@ -1832,6 +1835,13 @@ class _HTTPServer(ThreadingHTTPServer):
         if ":" in addr[0]:
             self.address_family = socket.AF_INET6
         super().__init__(addr, handler)
+
+    def get_request(self) -> tuple[Any, Any]:
+        request, client_address = super().get_request()
+        # As Go sets on every TCP connection: a reply's headers and body, written apart, are
+        # not held back for the ACK the client delays (40 ms a request).
+        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return request, client_address
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         api = self.api
