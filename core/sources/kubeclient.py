@@ -10,13 +10,14 @@ kubeplex's requests answer with raw responses and are never deserialized into mo
 0.06-0.1 s at each start.
 :class:`ApiConnection` keeps the two parts of it that kubeplex uses, the ``Configuration`` and a
 REST client, and :func:`api_request` prepares a request as its ``param_serialize`` does. The
-kubeconfig loader's module is imported with what only its OIDC refresh calls deferred (see
-:mod:`kubeplex.core.sources.deferred`).
+kubeconfig loader's module is imported with what only its OIDC refresh calls deferred, and the
+``Configuration``'s with ``multiprocessing`` deferred (see :mod:`kubeplex.core.sources.deferred`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Iterable, Mapping
 from types import TracebackType
@@ -87,7 +88,7 @@ def load_client_configuration(cc: ClientConnectionConfiguration) -> Any:
     From ``clientConnection.kubeconfig`` if set, else the in-cluster service account, like
     upstream kube-proxy (which does not fall back to ``~/.kube/config`` either).
     """
-    conf = k8s.Configuration()
+    conf = _new_configuration()
     if cc.kubeconfig:
         try:
             _kubeconfig_loader()(
@@ -116,6 +117,17 @@ def load_client_configuration(cc: ClientConnectionConfiguration) -> Any:
             cc.content_type,
         )
     return conf
+
+
+def _new_configuration() -> Any:
+    """A ``kubernetes.client.Configuration`` with the client's default pool size (5
+    connections per CPU). Its module imports ``multiprocessing`` for ``cpu_count`` alone, to
+    size the pool when no size is given (3-4 ms: pickle and the process contexts): it is
+    imported with that deferred, and given the size."""
+    if "kubernetes.client.configuration" not in sys.modules:
+        with deferring({"multiprocessing": "cpu_count"}):
+            import kubernetes.client.configuration  # noqa: F401
+    return k8s.Configuration(connection_pool_maxsize=(os.cpu_count() or 1) * 5)
 
 
 def _kubeconfig_loader() -> Any:
