@@ -34,7 +34,13 @@ zones; ``--bare`` for the minimal ones).
 The server speaks HTTPS and asks for a bearer token, as a real one does. The proxy reads a
 kubeconfig (server, CA and token); ``--auth in-cluster`` starts it as in a pod instead (the Helm
 chart's way): no kubeconfig, the service account's token and CA where a pod has them (in a mount
-namespace of its own), the server at ``KUBERNETES_SERVICE_HOST``.
+namespace of its own, made before its start is counted, as a container runtime makes it), the
+server at ``KUBERNETES_SERVICE_HOST``.
+
+Each start finds the dataclass methods the start before compiled (``kubeplex.core.cli.codecache``,
+beside the bytecode), as every start after an installation's first does; ``--cold-cache``
+removes them before each start, as for a pod's first start from an image that does not ship
+them.
 
 ``--baseline DIR`` also runs the kubeplex package under DIR (``DIR/kubeplex/core``, ...), run by
 run interleaved with the other's, and reports it after; ``--kubeplex DIR`` runs the one under DIR
@@ -42,7 +48,7 @@ instead of the installed one (two snapshots compared in the same time window).
 
 Usage: python bench/cold_start.py [--modes iptables,nftables] [--sizes 1000,10000] [--repeat 3]
            [--endpoints 10] [--rate 100] [--seconds 10] [--bare] [--auth in-cluster]
-           [--json FILE] [--baseline DIR] [--kubeplex DIR]
+           [--json FILE] [--baseline DIR] [--kubeplex DIR] [--cold-cache]
 """
 
 from __future__ import annotations
@@ -420,15 +426,23 @@ SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 def in_a_pod(work: Path) -> list[str]:
     """The command prefix that runs a program as in a pod: in a mount namespace of its own,
     where a tmpfs over ``/var/run/secrets`` holds the service account's token and the API
-    server's CA (the host's directory is made if missing, and left empty)."""
+    server's CA (the host's directory is made if missing, and left empty). A container
+    runtime makes that before the proxy starts: the time at the program's exec is written to
+    :func:`exec_time_file`, and counts as its start."""
     token = work / "token"
     token.write_text(TOKEN)
     SA_DIR.parents[1].mkdir(parents=True, exist_ok=True)
     script = (
         f"mount -t tmpfs kubeplex-bench {SA_DIR.parents[1]} && mkdir -p {SA_DIR}"
-        f' && cp {token} {SA_DIR}/token && cp {TLS_CERT} {SA_DIR}/ca.crt && exec "$@"'
+        f" && cp {token} {SA_DIR}/token && cp {TLS_CERT} {SA_DIR}/ca.crt"
+        f' && echo "$EPOCHREALTIME" > {exec_time_file(work)} && exec "$@"'
     )
-    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh"]
+    return ["unshare", "--mount", "--propagation", "private", "--", "bash", "-c", script, "bash"]
+
+
+def exec_time_file(work: Path) -> Path:
+    """Where :func:`in_a_pod` writes the time (seconds since the epoch) of its exec."""
+    return work / "exec-at"
 
 
 @dataclass
@@ -570,10 +584,13 @@ def measure(
                 "--v",
                 "2",
             ]
+            exec_time_file(work).unlink(missing_ok=True)
             t0 = time.monotonic()
             with daemon(argv, env, log) as proc:
                 table, chain = live_chain(mode, n - 1)
                 t_kernel = wait_for(lambda: bool(probe.uses(table, chain)), proc, "the rules", 600)
+                if in_cluster:  # from the exec, as a container runtime starts it
+                    t0 = float(exec_time_file(work).read_text()) - to_mono
                 run.kernel_s = t_kernel - t0
                 run.rss_start_mb = proc_status_kib(proc.pid, "VmHWM") / 1024
                 time.sleep(2)  # whatever the first sync set off settles (and is logged)
@@ -713,6 +730,23 @@ def baseline_env(env: dict[str, str], root: Path) -> dict[str, str]:
 # ------------------------------------------------------------------------------ imports
 
 
+def kept_methods(env: dict[str, str]) -> Path | None:
+    """The file where the kubeplex of ``env`` keeps its compiled dataclass methods (None for
+    one that keeps none)."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from kubeplex.core.cli import codecache; print(codecache.default_path())",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    path = out.stdout.strip()
+    return Path(path) if out.returncode == 0 and path != "None" else None
+
+
 def interpreter_time(env: dict[str, str], repeat: int = 5) -> float:
     """A bare interpreter's start and exit (the floor under every figure)."""
     times = []
@@ -825,6 +859,11 @@ def main() -> None:
         " interleaved with this checkout's, run by run, and reported after them",
     )
     p.add_argument(
+        "--cold-cache",
+        action="store_true",
+        help="remove the dataclass methods the start before kept, before each start",
+    )
+    p.add_argument(
         "--kubeplex",
         type=Path,
         help="a directory holding the kubeplex package to run instead of the installed one",
@@ -841,6 +880,16 @@ def main() -> None:
     if args.baseline is not None:
         variants["baseline"] = baseline_env(env, args.baseline.resolve())
     interpreter = interpreter_time(env)
+    kept = {name: kept_methods(venv) for name, venv in variants.items()}
+    print(
+        "# dataclass methods: "
+        + (
+            "compiled at each start (--cold-cache)"
+            if args.cold_cache
+            else "kept from the start before"
+        ),
+        flush=True,
+    )
     imports: dict[tuple[str, str], dict[str, float]] = {}
     everything: list[dict[str, Any]] = []
     counter = [0]
@@ -874,6 +923,9 @@ def main() -> None:
                         ).imports
                     for _ in range(args.repeat):
                         for name, venv in variants.items():  # interleaved: the same load
+                            path = kept[name]
+                            if args.cold_cache and path is not None:
+                                path.unlink(missing_ok=True)
                             run = measure(
                                 srv,
                                 slices,
