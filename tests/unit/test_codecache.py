@@ -212,3 +212,31 @@ def test_the_command_line_keeps_the_cache_beside_its_bytecode(tmp_path: Path) ->
     assert path.parent.name == "core"  # under the prefix, as the modules' bytecode
     compiled, loaded, written = start()
     assert compiled == "0" and int(loaded) > 0 and written == "False"
+
+
+def test_warm_keeps_what_every_start_of_every_mode_compiles(tmp_path: Path) -> None:
+    """An image's build: then a daemon's imports in any mode compile nothing."""
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=str(tmp_path))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    warm = "from kubeplex.core.cli import codecache; print(codecache.warm())"
+    start = (
+        "import kubeplex.core.cli.main, kubeplex.core.cli.run, kubeplex.core.sources.kubeapi\n"
+        "import kubeplex.core.daemon.operations\n"
+        "from kubeplex.core.cli import codecache\n"
+        "from kubeplex.core.daemon.modes import platform_modes\n"
+        "from kubeplex.core.dataplane.plugins import load_backend_class\n"
+        "modes = platform_modes()\n"
+        "for mode in modes:\n"
+        "    load_backend_class(mode)\n"
+        "print(len(modes), codecache._active.compiled, len(codecache._active.used))\n"
+    )
+
+    def run(code: str) -> list[int]:
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        return [int(x) for x in out.stdout.split()]
+
+    (kept,) = run(warm)
+    modes, compiled, used = run(start)
+    assert modes >= 3 and compiled == 0 and 100 < used <= kept
