@@ -10,14 +10,16 @@ fixed chains; tests and plugin authors pass ``kubeplex.testing.fakes.FakeIptable
 from __future__ import annotations
 
 import json
+import logging
 import re
-import shutil
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
+from kubeplex.backends.netfilter.nfacct import Nfacct, NfacctError
 from kubeplex.core.dataplane import execer
-from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.types import IPFamily, normalize_ip
+
+log = logging.getLogger(__name__)
 
 #: Rules per iptables-restore input before a large write is split (iptables-nft-restore slows
 #: down with the square of one input's size: 32k rules 4.2 s in one input, 0.8 s in eight).
@@ -27,7 +29,6 @@ _TABLE = re.compile(r"^\*(\S+)")
 _CHAIN = re.compile(r"^:(\S+) ")
 #: A rule of ``iptables-save -c``: ``[pkts:bytes] -A CHAIN ...``.
 _COUNTED = re.compile(r"^\[(\d+):(\d+)\] (-A .*)$")
-_NFACCT_PKTS = re.compile(r"pkts\s*=\s*(\d+)")
 
 
 class IptablesSeam(Protocol):
@@ -135,6 +136,7 @@ class Iptables:
     def __init__(self, netns: str | None = None, restore_wait: int = 5) -> None:
         self.netns = netns
         self.restore_wait = restore_wait
+        self._nfacct = Nfacct(netns)
 
     def save(self, family: IPFamily, table: str | None = None, counters: bool = False) -> str:
         argv = [f"{tool(family)}-save", *(["-t", table] if table else [])]
@@ -164,27 +166,21 @@ class Iptables:
             execer.run(["sysctl", "-q", "-w", f"{key}={value}"], self.netns)
 
     def ensure_nfacct(self, counters: tuple[str, ...]) -> frozenset[str]:
-        """As upstream's Ensure: look first, add only what is missing. `nfacct add` of an
-        existing counter fails with EBUSY, which must not read as "unsupported" (a restart
-        would drop the rules' nfacct matches). None where the tool is missing."""
-        if not shutil.which("nfacct"):
-            return frozenset()
+        """As upstream's Ensure, over netlink: each counter is created unless it exists (then
+        it keeps its counts). Those that exist afterwards; none where the kernel has no nfacct
+        (the rules then match without it)."""
         have = set()
         for name in counters:
-            if not self._nfacct_exists(name):
-                execer.run(["nfacct", "add", name], self.netns, check=False)
-                if not self._nfacct_exists(name):  # refused, not merely raced
-                    continue
+            try:
+                self._nfacct.ensure(name)
+            except NfacctError as err:
+                log.debug("nfacct counter %s unavailable: %s", name, err)
+                continue
             have.add(name)
         return frozenset(have)
 
     def read_nfacct(self, name: str) -> int | None:
         try:
-            proc = execer.run(["nfacct", "get", name], self.netns, check=False, timeout=5.0)
-        except BackendError:
+            return self._nfacct.packets(name)
+        except NfacctError:
             return None
-        m = _NFACCT_PKTS.search(proc.stdout) if proc.returncode == 0 else None
-        return int(m.group(1)) if m else None
-
-    def _nfacct_exists(self, name: str) -> bool:
-        return execer.run(["nfacct", "get", name], self.netns, check=False).returncode == 0

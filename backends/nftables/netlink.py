@@ -21,7 +21,6 @@ the whole transaction to ``nft -f``.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import functools
 import ipaddress
@@ -29,13 +28,13 @@ import os
 import re
 import socket
 import struct
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from kubeplex.backends.netfilter.nfnetlink import open_socket
+
 # --- constants (linux/netfilter/nfnetlink.h, nf_tables.h; libnftnl's udata) ---------------------
 
-NETLINK_NETFILTER = 12
 NFNL_SUBSYS_NFTABLES = 10
 NFNL_MSG_BATCH_BEGIN = 16
 NFNL_MSG_BATCH_END = 17
@@ -947,38 +946,7 @@ class NetlinkError(Exception):
 # --- the socket -----------------------------------------------------------------------------------
 
 
-_CLONE_NEWNET = 0x40000000
 _SO_SNDBUFFORCE = 32
-
-
-def _open_socket(netns: str | None) -> socket.socket:
-    """A NETLINK_NETFILTER socket in ``netns`` (a socket stays in the netns it was made in)."""
-    if netns is None:
-        return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
-    result: list[socket.socket | BaseException] = []
-
-    def opener() -> None:
-        # setns() changes the calling thread only: this thread is thrown away afterwards.
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(f"/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if libc.setns(fd, _CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns {netns}: {os.strerror(err)}")
-            finally:
-                os.close(fd)
-            result.append(socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER))
-        except BaseException as err:  # handed to the caller's thread
-            result.append(err)
-
-    thread = threading.Thread(target=opener, name=f"netns-{netns}", daemon=True)
-    thread.start()
-    thread.join()
-    found = result[0]
-    if isinstance(found, BaseException):
-        raise found
-    return found
 
 
 class NftNetlink:
@@ -996,7 +964,7 @@ class NftNetlink:
 
     def _socket(self) -> socket.socket:
         if self._sock is None:
-            sock = _open_socket(self.netns)
+            sock = open_socket(self.netns)
             sock.bind((0, 0))
             self._sndbuf = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2
             self._sock = sock
