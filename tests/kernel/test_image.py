@@ -127,6 +127,26 @@ def test_version_and_kube_proxy_version(image: Path, netns: str) -> None:
 
 
 @pytest.mark.kernel
+def test_a_start_from_the_image_compiles_no_dataclass_method(image: Path, netns: str) -> None:
+    """Compiled at build (codecache.warm): a pod's first start finds them kept."""
+    (kept,) = image.glob(
+        "usr/local/lib/python3*/dist-packages/kubeplex/core/__pycache__/dataclass-methods.*.marshal"
+    )
+    script = (
+        "import kubeplex.core.cli.main, kubeplex.core.cli.run, kubeplex.core.daemon.operations\n"
+        "from kubeplex.core.cli import codecache\n"
+        "from kubeplex.core.dataplane.plugins import load_backend_class\n"
+        "for mode in ('iptables', 'nftables', 'ipvs'):\n"
+        "    load_backend_class(mode)\n"
+        "print(codecache._active.compiled, len(codecache._active.loaded))\n"
+    )
+    proc = in_image(image, netns, "python3", "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    compiled, loaded = proc.stdout.split()
+    assert compiled == "0" and int(loaded) > 100, (kept, proc.stdout)
+
+
+@pytest.mark.kernel
 def test_backends_lists_the_linux_modes_as_usable(image: Path, netns: str) -> None:
     proc = in_image(image, netns, "kubeplex", "backends")
     assert proc.returncode == 0, proc.stderr

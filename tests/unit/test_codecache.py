@@ -170,6 +170,7 @@ def test_nothing_is_written_where_bytecode_is_not(
     cache.exec("x = 1", {})
     assert not cache.save() and not (tmp_path / "cache").exists()
     assert not CodeCache(None).save()
+    assert cache.save(explicit=True)  # asked for, as compileall is
 
 
 def test_exec_runs_what_it_is_given_as_the_builtin_does() -> None:
@@ -216,8 +217,8 @@ def test_the_command_line_keeps_the_cache_beside_its_bytecode(tmp_path: Path) ->
 
 def test_warm_keeps_what_every_start_of_every_mode_compiles(tmp_path: Path) -> None:
     """An image's build: then a daemon's imports in any mode compile nothing."""
-    env = dict(os.environ, PYTHONPYCACHEPREFIX=str(tmp_path))
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    # (as an image's build may: warm() writes all the same)
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=str(tmp_path), PYTHONDONTWRITEBYTECODE="1")
     warm = "from kubeplex.core.cli import codecache; print(codecache.warm())"
     start = (
         "import kubeplex.core.cli.main, kubeplex.core.cli.run, kubeplex.core.sources.kubeapi\n"
