@@ -54,7 +54,6 @@ Usage: python bench/cold_start.py [--modes iptables,nftables] [--sizes 1000,1000
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import re
@@ -82,6 +81,7 @@ from common import KUBEPLEX_CMD, NODE, Netns, cluster, config, installed_env
 from kubeplex.backends.iptables import names as ipt_names
 from kubeplex.backends.nftables import names as nft_names
 from kubeplex.core.dataplane import plugins
+from kubeplex.core.dataplane.netns import run_in_netns
 from kubeplex.core.model.types import Endpoint, ServicePortName
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -99,35 +99,9 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # ------------------------------------------------------------------------------ the netns
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWNET = 0x40000000
-
-
 def netns_socket(ns: str, family: int, kind: int, proto: int = 0) -> socket.socket:
-    """A socket of network namespace ``ns`` (made in a short-lived thread that enters it: a
-    socket stays in the namespace it was made in; this process's threads stay where they are)."""
-    made: list[socket.socket | BaseException] = []
-
-    def enter_and_make() -> None:
-        try:
-            fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
-            try:
-                if _libc.setns(fd, CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns {ns}: {os.strerror(err)}")
-            finally:
-                os.close(fd)
-            made.append(socket.socket(family, kind, proto))
-        except BaseException as err:
-            made.append(err)
-
-    t = threading.Thread(target=enter_and_make)
-    t.start()
-    t.join()
-    got = made[0]
-    if isinstance(got, BaseException):
-        raise got
-    return got
+    """A socket of network namespace ``ns`` (it stays in the namespace it was made in)."""
+    return run_in_netns(ns, lambda: socket.socket(family, kind, proto))
 
 
 NETLINK_NETFILTER = 12

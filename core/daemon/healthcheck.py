@@ -41,7 +41,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from kubeplex.core.daemon.sysctls import run_in_netns
+from kubeplex.core.dataplane.netns import run_in_netns
 from kubeplex.core.model.graph import ProxyState
 from kubeplex.core.model.types import IPFamily
 

@@ -20,22 +20,17 @@ touched from a namespace, because it is shared by the whole host.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 from kubeplex.core.config.kubeproxy import KubeProxyConntrackConfiguration
+from kubeplex.core.dataplane.netns import run_in_netns
 from kubeplex.core.model.errors import KubeplexError
 
 PROC_SYS = Path("/proc/sys")
 HASHSIZE = Path("/sys/module/nf_conntrack/parameters/hashsize")
-NETNS_DIR = Path("/run/netns")
-CLONE_NEWNET = 0x40000000
 
 NF_CONNTRACK_MAX = "net/netfilter/nf_conntrack_max"
 TCP_ESTABLISHED = "net/netfilter/nf_conntrack_tcp_timeout_established"
@@ -44,7 +39,6 @@ TCP_BE_LIBERAL = "net/netfilter/nf_conntrack_tcp_be_liberal"
 UDP_TIMEOUT = "net/netfilter/nf_conntrack_udp_timeout"
 UDP_STREAM_TIMEOUT = "net/netfilter/nf_conntrack_udp_timeout_stream"
 
-T = TypeVar("T")
 
 _HINTS = {
     errno.EACCES: "the key is read-only here",
@@ -165,43 +159,6 @@ def _write_int(path: Path, value: int) -> None:
         os.write(fd, str(value).encode())
     finally:
         os.close(fd)
-
-
-def run_in_netns(netns: str, fn: Callable[[], T]) -> T:
-    """Run ``fn`` in a thread that joined network namespace ``netns`` (a name or a path).
-
-    setns(2) moves only the calling thread, and /proc/sys/net shows the namespace of the
-    thread that opens it, so the rest of the process never leaves its namespace. Nothing
-    runs unless the thread is verifiably inside ``netns``.
-    """
-    path = Path(netns) if "/" in netns else NETNS_DIR / netns
-    result: list[T] = []
-    failure: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            want = os.stat(path)
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                if libc.setns(fd, CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns into {netns}: {os.strerror(err)}")
-            finally:
-                os.close(fd)
-            now = os.stat("/proc/thread-self/ns/net")
-            if (now.st_dev, now.st_ino) != (want.st_dev, want.st_ino):
-                raise OSError(errno.EINVAL, f"thread did not enter network namespace {netns}")
-            result.append(fn())
-        except BaseException as err:
-            failure.append(err)
-
-    thread = threading.Thread(target=target, name=f"netns-{netns}", daemon=True)
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
-    return result[0]
 
 
 def write_sysctls(

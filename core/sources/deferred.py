@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["Deferred", "deferring"]
+__all__ = ["Deferred", "deferring", "import_deferring"]
 
 
 class Deferred:
@@ -68,3 +68,13 @@ def deferring(names: Mapping[str, str]) -> Iterator[None]:
         for found, name, stand_in in lent:
             if found.__dict__.get(name) is stand_in:
                 delattr(found, name)
+
+
+def import_deferring(module: str, names: Mapping[str, str]) -> types.ModuleType:
+    """``module``, imported within :func:`deferring` ``names`` unless it is imported already
+    (then as it is: stand-ins put in place now would only be seen by others)."""
+    found = sys.modules.get(module)
+    if found is not None:
+        return found
+    with deferring(names):
+        return importlib.import_module(module)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Protocol
@@ -27,7 +26,7 @@ from urllib.parse import quote
 from kubeplex.core.config.kubeproxy import ClientConnectionConfiguration
 from kubeplex.core.model.errors import KubeplexError
 from kubeplex.core.packages import register_bare
-from kubeplex.core.sources.deferred import deferring
+from kubeplex.core.sources.deferred import import_deferring
 
 # ``kubernetes/__init__`` imports every part of the client (the dynamic client and its schema
 # validation, streams, leader election, informers) and ``kubernetes/config/__init__`` both
@@ -124,23 +123,20 @@ def _new_configuration() -> Any:
     connections per CPU). Its module imports ``multiprocessing`` for ``cpu_count`` alone, to
     size the pool when no size is given (3-4 ms: pickle and the process contexts): it is
     imported with that deferred, and given the size."""
-    if "kubernetes.client.configuration" not in sys.modules:
-        with deferring({"multiprocessing": "cpu_count"}):
-            import kubernetes.client.configuration  # noqa: F401
-    return k8s.Configuration(connection_pool_maxsize=(os.cpu_count() or 1) * 5)
+    module = import_deferring("kubernetes.client.configuration", {"multiprocessing": "cpu_count"})
+    return module.Configuration(connection_pool_maxsize=(os.cpu_count() or 1) * 5)
 
 
 def _kubeconfig_loader() -> Any:
     """The client's ``load_kube_config``, imported only when used. Its module imports what
     refreshing an OIDC token calls (the ``ApiClient``, ``requests_oauthlib`` and ``oauthlib``'s
     OAuth 2 flows), about 0.1 s at each start: that is imported at the first such refresh."""
-    loaded = sys.modules.get("kubernetes.config.kube_config")
-    if loaded is not None:  # the stand-ins would only be seen by others
-        return loaded.load_kube_config
     register_bare("oauthlib", "oauthlib.oauth2")
-    with deferring({"requests_oauthlib": "OAuth2Session", "kubernetes.client": "ApiClient"}):
-        from kubernetes.config.kube_config import load_kube_config
-    return load_kube_config
+    module = import_deferring(
+        "kubernetes.config.kube_config",
+        {"requests_oauthlib": "OAuth2Session", "kubernetes.client": "ApiClient"},
+    )
+    return module.load_kube_config
 
 
 def make_api_client(cc: ClientConnectionConfiguration) -> ApiConnection:

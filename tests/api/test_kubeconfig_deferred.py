@@ -196,10 +196,10 @@ def test_a_loader_imported_already_is_used_without_stand_ins(
 ) -> None:
     from kubernetes.config import kube_config
 
-    from kubeplex.core.sources import kubeclient
+    from kubeplex.core.sources import deferred, kubeclient
 
     def refuse(names: object) -> None:
         raise AssertionError("stand-ins put in place for a module imported already")
 
-    monkeypatch.setattr(kubeclient, "deferring", refuse)
+    monkeypatch.setattr(deferred, "deferring", refuse)
     assert kubeclient._kubeconfig_loader() is kube_config.load_kube_config

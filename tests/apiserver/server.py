@@ -1836,13 +1836,6 @@ class _HTTPServer(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         super().__init__(addr, handler)
 
-    def get_request(self) -> tuple[Any, Any]:
-        request, client_address = super().get_request()
-        # As Go sets on every TCP connection: a reply's headers and body, written apart, are
-        # not held back for the ACK the client delays (40 ms a request).
-        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return request, client_address
-
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         api = self.api
         with api._conn_lock:

@@ -5,12 +5,10 @@ seed Service, and exits (for the kubelet to restart it) once its config file is 
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -18,34 +16,15 @@ import yaml
 from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer
 from cli_kit import LAB, in_netns, wait_until
 
-pytestmark = pytest.mark.kernel
+from kubeplex.core.dataplane.netns import run_in_netns
 
-CLONE_NEWNET = 0x40000000
+pytestmark = pytest.mark.kernel
 
 
 def start_in_netns(srv: FakeApiServer, netns: str) -> None:
     """Start ``srv`` listening on the namespace's loopback, where a pod on the node's network
     would reach it (setns from a short-lived thread: the listening socket is made there)."""
-    failure: list[BaseException] = []
-
-    def enter_and_start() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
-            try:
-                if libc.setns(fd, CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), "setns")
-            finally:
-                os.close(fd)
-            srv.start()
-        except BaseException as err:
-            failure.append(err)
-
-    thread = threading.Thread(target=enter_and_start)
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
+    run_in_netns(netns, srv.start)
 
 
 def kube_proxy_command() -> list[str]:

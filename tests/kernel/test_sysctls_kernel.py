@@ -18,8 +18,8 @@ from kubeplex.core.daemon.sysctls import (
     UDP_STREAM_TIMEOUT,
     UDP_TIMEOUT,
     apply_conntrack_sysctls,
-    run_in_netns,
 )
+from kubeplex.core.dataplane.netns import run_in_netns
 from kubeplex.testing.netlab import unique_prefix
 
 DEFAULTS = KubeProxyConntrackConfiguration()
