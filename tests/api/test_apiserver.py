@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import queue
 import threading
@@ -521,6 +522,32 @@ def test_watch_timeout_seconds_is_honoured(srv: FakeApiServer, api: client.ApiCl
     t0 = time.monotonic()
     assert list(watch.Watch().stream(v1.list_node, resource_version="1", timeout_seconds=1)) == []
     assert 0.9 < time.monotonic() - t0 < 3
+
+
+def test_a_watch_ended_with_its_last_chunk_keeps_the_connection(srv: FakeApiServer) -> None:
+    """As Go's server: the next request may follow on the same connection; a watch dropped
+    by EOF closes it."""
+    conn = http.client.HTTPConnection(srv.host, srv.port, timeout=5)
+    try:
+        for query in ("watch=1&timeoutSeconds=0.2", "watch=1&resourceVersion=1&timeoutSeconds=0.2"):
+            conn.request("GET", f"/api/v1/nodes?{query}")
+            resp = conn.getresponse()
+            assert resp.status == 200 and resp.getheader("Connection") != "close"
+            resp.read()
+            conn.request("GET", "/api/v1/nodes")
+            listed = conn.getresponse()
+            assert listed.status == 200 and json.loads(listed.read())["kind"] == "NodeList"
+        conn.request("GET", "/api/v1/nodes?watch=1&resourceVersion=1")
+        resp = conn.getresponse()
+        srv.wait_for_watches(1)
+        srv.drop_watches("eof")
+        with pytest.raises(http.client.IncompleteRead):
+            resp.read()
+        conn.request("GET", "/api/v1/nodes")
+        with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
+            conn.getresponse()
+    finally:
+        conn.close()
 
 
 # ------------------------------------------------------------------------------------ authz

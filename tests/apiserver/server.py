@@ -1836,6 +1836,13 @@ class _HTTPServer(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         super().__init__(addr, handler)
 
+    def get_request(self) -> tuple[Any, Any]:
+        request, client_address = super().get_request()
+        # As Go sets on every TCP connection: a reply's headers and body, written apart, are
+        # not held back for the ACK the client delays (40 ms a request).
+        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return request, client_address
+
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         api = self.api
         with api._conn_lock:
@@ -2431,21 +2438,25 @@ class _Handler(BaseHTTPRequestHandler):
                 raise bad_request("invalid timeoutSeconds") from None
         w, initial = api._open_watch(rt, ns, params)
         self._start_chunked()
+        # A watch that ends with its last chunk leaves the connection open for the next
+        # request, as Go's server does; any other end (client gone, reset, EOF) closes it.
         self.close_connection = True
         if w is None:
             for ev in initial:
                 self._write_event(ev)
             self._write_chunk(b"")
+            self.close_connection = False
             return
         w.sock = self.connection
         try:
-            self._watch_loop(api, w, initial, timeout)
+            self.close_connection = not self._watch_loop(api, w, initial, timeout)
         finally:
             api._close_watch(w)
 
     def _watch_loop(
         self, api: FakeApiServer, w: _Watch, initial: list[JSONDict], timeout: float | None
-    ) -> None:
+    ) -> bool:
+        """Serve the watch; whether it ended cleanly, with its last chunk written."""
         for ev in initial:
             self._write_event(ev)
         start = time.monotonic()
@@ -2457,7 +2468,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if w.allow_bookmarks and (rv := api._bookmark_rv(w)) is not None:
                     self._write_event(_bookmark(w.rt, rv))
                 self._write_chunk(b"")
-                return
+                return True
             wait = 0.25
             if deadline is not None:
                 wait = min(wait, deadline - now)
@@ -2472,7 +2483,7 @@ class _Handler(BaseHTTPRequestHandler):
                         self._write_event(_bookmark(w.rt, rv))
                     next_bm = time.monotonic() + api.bookmark_interval
                 elif self._client_gone():
-                    return
+                    return False
                 continue
             if kind == "event":
                 self._write_event(payload)
@@ -2480,16 +2491,17 @@ class _Handler(BaseHTTPRequestHandler):
                 mode = cast(str, payload)
                 if mode == "close":
                     self._write_chunk(b"")
-                elif mode == "eof":
+                    return True
+                if mode == "eof":
                     with contextlib.suppress(OSError):
                         self.connection.shutdown(socket.SHUT_RDWR)
                 else:
                     self._reset()
-                return
+                return False
             else:  # stop
                 with contextlib.suppress(OSError):
                     self.connection.shutdown(socket.SHUT_RDWR)
-                return
+                return False
 
 
 def _api_group(group: str, versions: list[str]) -> JSONDict:
