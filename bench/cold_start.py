@@ -42,13 +42,17 @@ beside the bytecode), as every start after an installation's first does; ``--col
 removes them before each start, as for a pod's first start from an image that does not ship
 them.
 
-``--baseline DIR`` also runs the kubeplex package under DIR (``DIR/kubeplex/core``, ...), run by
-run interleaved with the other's, and reports it after; ``--kubeplex DIR`` runs the one under DIR
-instead of the installed one (two snapshots compared in the same time window).
+kubeplex runs as pip installs it (as in the image): this checkout's package is copied, compiled
+and run by a venv whose site-packages names it and the dependencies, so the checkout's editable
+install and its import hooks play no part (``--editable`` runs through them instead: 20-40 ms
+more before the first sync). ``--baseline DIR`` also runs the kubeplex package under DIR
+(``DIR/kubeplex/core``, ...) laid out the same way, run by run interleaved with the other's, and
+reports it after; ``--kubeplex DIR`` runs the one under DIR instead of this checkout's (two
+snapshots compared in the same time window).
 
 Usage: python bench/cold_start.py [--modes iptables,nftables] [--sizes 1000,10000] [--repeat 3]
            [--endpoints 10] [--rate 100] [--seconds 10] [--bare] [--auth in-cluster]
-           [--json FILE] [--baseline DIR] [--kubeplex DIR] [--cold-cache]
+           [--json FILE] [--baseline DIR] [--kubeplex DIR] [--editable] [--cold-cache]
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import ssl
@@ -64,6 +69,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -431,6 +437,8 @@ class Run:
     burst: dict[str, float] = field(default_factory=dict)
     imports: dict[str, float] = field(default_factory=dict)
     variant: str = ""
+    #: A bare interpreter's start just before this run: how busy the machine was.
+    interpreter: float = 0.0
 
 
 def proc_status_kib(pid: int, key: str) -> int:
@@ -522,6 +530,7 @@ def measure(
     ``in_cluster`` started as in a pod instead of from a kubeconfig."""
     n = len(slices)
     run = Run(mode, n, len(next(iter(slices.values()))["endpoints"]))
+    run.interpreter = interpreter_time(env, 3)
     cfg = work / "config.yaml"
     connection = ""
     if not in_cluster:
@@ -541,7 +550,7 @@ def measure(
         probe = ChainProbe(ns)
         try:
             srv.clear_requests()
-            python = [sys.executable, "-X", "importtime"] if importtime else [sys.executable]
+            python = [python_of(env), *(["-X", "importtime"] if importtime else [])]
             if in_cluster:  # as in a pod: its service account, and the server's address
                 python = [*in_a_pod(work), *python]
                 env = dict(
@@ -689,15 +698,54 @@ def burst_log(entries: list[tuple[float, str]], b: dict[str, float]) -> dict[str
     }
 
 
-def baseline_env(env: dict[str, str], root: Path) -> dict[str, str]:
-    """The environment that runs the kubeplex package under ``root`` (found on PYTHONPATH
-    before the installed one), with its bytecode compiled too."""
+#: The environment's key for the interpreter a variant runs (this one's by default).
+PYTHON = "KUBEPLEX_BENCH_PYTHON"
+
+
+def python_of(env: dict[str, str]) -> str:
+    return env.get(PYTHON, sys.executable)
+
+
+def checkout_copy(work: Path) -> Path:
+    """This checkout's package as it is now (``DIR/kubeplex/core``, ...), copied under ``work``."""
+    root = Path(__file__).resolve().parent.parent
+    out = work / "checkout"
+    for part in ("core", "backends", "testing"):
+        shutil.copytree(
+            root / part, out / "kubeplex" / part, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    return out
+
+
+def installed_layout(env: dict[str, str], root: Path, work: Path) -> dict[str, str]:
+    """The environment that runs the kubeplex package under ``root`` as pip installs it: its
+    bytecode compiled, and an interpreter of its own (a venv) whose site-packages holds only a
+    .pth naming that package and the dependencies' folder. A checkout's editable install runs
+    its own import hooks at each start (setuptools' finder: 20-40 ms more before the first
+    sync), which an installed kubeplex, as in the image, does not have."""
     package = root / "kubeplex"
     if not (package / "core").is_dir():
-        sys.exit(f"--baseline {root}: no kubeplex/core there")
+        sys.exit(f"{root}: no kubeplex/core there")
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(package)], check=True)
+    venv = work / f"venv-{len(list(work.glob('venv-*')))}"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(
+        subprocess.run(
+            [
+                str(venv / "bin" / "python"),
+                "-c",
+                "import sysconfig; print(sysconfig.get_path('purelib'))",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    deps = sysconfig.get_path("purelib")  # with kubeplex's own metadata: its entry points
+    (site / "kubeplex.pth").write_text(f"{root}\n{deps}\n")
     out = dict(env)
-    out["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
+    out.pop("PYTHONPATH", None)
+    out[PYTHON] = str(venv / "bin" / "python")
     return out
 
 
@@ -709,7 +757,7 @@ def kept_methods(env: dict[str, str]) -> Path | None:
     one that keeps none)."""
     out = subprocess.run(
         [
-            sys.executable,
+            python_of(env),
             "-c",
             "from kubeplex.core.cli import codecache; print(codecache.default_path())",
         ],
@@ -726,7 +774,7 @@ def interpreter_time(env: dict[str, str], repeat: int = 5) -> float:
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "pass"], check=True, env=env)
+        subprocess.run([python_of(env), "-c", "pass"], check=True, env=env)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -793,6 +841,7 @@ def report(runs: list[Run], imports: dict[str, float], interpreter: float) -> st
         f" (after the first sync {med([r.rss_start_mb for r in runs]):.0f} MB)",
         burst,
     ]
+    lines.append(quiet_split(runs))
     if imports:
         split = ", ".join(f"{k} {v:.2f}s" for k, v in imports.items() if k != "total")
         lines.append(
@@ -800,6 +849,33 @@ def report(runs: list[Run], imports: dict[str, float], interpreter: float) -> st
             f" {imports['total']:.2f}s ({split})"
         )
     return "\n".join(lines)
+
+
+def quiet_split(runs: list[Run]) -> str:
+    """Before the first sync (with its checkout), in the runs where the machine was at its
+    quieter half (a bare interpreter started at most as slowly as in the median run) and in
+    the others: what of a figure's spread is the machine's."""
+    if len(runs) < 2:
+        return "  machine: one run, no split"
+    cut = med([r.interpreter for r in runs])
+    halves = (
+        [r for r in runs if r.interpreter <= cut],
+        [r for r in runs if r.interpreter > cut],
+    )
+    parts = []
+    for name, part in zip(("quieter", "busier"), halves, strict=True):
+        if part:
+            took = [r.breakdown.get("checked_out", float("nan")) for r in part]
+            parts.append(
+                f"{name} half ({len(part)} runs, a bare interpreter"
+                f" {min(r.interpreter for r in part):.3f}-{max(r.interpreter for r in part):.3f}s)"
+                f" {med(took):.2f}s"
+            )
+    under = sum(r.breakdown.get("checked_out", float("inf")) <= 0.4 for r in runs)
+    return (
+        f"  before the first sync with its checkout: {'; '.join(parts)};"
+        f" {under} of {len(runs)} runs at most 0.4 s"
+    )
 
 
 def main() -> None:
@@ -840,7 +916,13 @@ def main() -> None:
     p.add_argument(
         "--kubeplex",
         type=Path,
-        help="a directory holding the kubeplex package to run instead of the installed one",
+        help="a directory holding the kubeplex package to run instead of this checkout's",
+    )
+    p.add_argument(
+        "--editable",
+        action="store_true",
+        help="run this checkout through its editable install (setuptools' import hooks), not"
+        " laid out as pip installs it",
     )
     args = p.parse_args()
     in_cluster = args.auth == "in-cluster"
@@ -850,10 +932,31 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     modes = [m for m in args.modes.split(",") if m in plugins.available()]
     env = installed_env()
-    variants = {"": env if args.kubeplex is None else baseline_env(env, args.kubeplex.resolve())}
+    layouts = Path(tempfile.mkdtemp(prefix="kubeplex-layouts-"))
+    try:
+        run_all(args, modes, env, layouts, in_cluster)
+    finally:
+        shutil.rmtree(layouts, ignore_errors=True)
+
+
+def run_all(
+    args: argparse.Namespace, modes: list[str], env: dict[str, str], layouts: Path, in_cluster: bool
+) -> None:
+    if args.kubeplex is not None:
+        this = installed_layout(env, args.kubeplex.resolve(), layouts)
+    elif args.editable:
+        this = env
+    else:
+        this = installed_layout(env, checkout_copy(layouts), layouts)
+    variants = {"": this}
     if args.baseline is not None:
-        variants["baseline"] = baseline_env(env, args.baseline.resolve())
-    interpreter = interpreter_time(env)
+        variants["baseline"] = installed_layout(env, args.baseline.resolve(), layouts)
+    interpreter = interpreter_time(this)
+    print(
+        "# kubeplex: "
+        + ("this checkout's editable install" if this is env else "laid out as pip installs it"),
+        flush=True,
+    )
     kept = {name: kept_methods(venv) for name, venv in variants.items()}
     print(
         "# dataclass methods: "

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    _Base = yaml.SafeLoader
+else:  # libyaml's parser where PyYAML has it: faster, and its messages are go-yaml's
+    _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class _YamlMapping(dict[Any, Any]):
@@ -13,9 +18,9 @@ class _YamlMapping(dict[Any, Any]):
     duplicates: tuple[str, ...] = ()
 
 
-class Loader(yaml.SafeLoader):
-    """SafeLoader that records duplicate keys and leaves dates as strings, closer to what
-    sigs.k8s.io/yaml hands kube-proxy."""
+class Loader(_Base):
+    """SafeLoader (on libyaml) that records duplicate keys and leaves dates as strings,
+    closer to what sigs.k8s.io/yaml hands kube-proxy."""
 
 
 Loader.yaml_implicit_resolvers = {

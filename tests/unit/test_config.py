@@ -426,12 +426,11 @@ BAD_DOCUMENTS = [
     (HEADER + "---\n" + HEADER, "expected a single YAML document, found 2"),
     (
         HEADER + "iptables: [1, 2\n",
-        "malformed YAML at line 4, column 1: expected ',' or ']', but got '<stream end>'",
+        "malformed YAML at line 4, column 1: did not find expected ',' or ']'",
     ),
     (
         HEADER + "iptables:\n  syncPeriod: 1s\n minSyncPeriod: 2s\n",
-        "malformed YAML at line 5, column 2: "
-        "expected <block end>, but found '<block mapping start>'",
+        "malformed YAML at line 5, column 2: did not find expected key",
     ),
     (
         "apiVersion: kubeproxy.config.k8s.io/v1beta1\nkind: KubeProxyConfiguration\n",
