@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -189,6 +190,40 @@ def test_list_at_resource_version_0_comes_whole_from_the_watch_cache(
         limit=2, resource_version="0", _continue=page.metadata._continue
     )
     assert len(rest.items) == 2 and rest.metadata._continue
+
+
+def test_a_streamed_list_comes_in_chunks_as_go_s_server_cuts_them(srv: FakeApiServer) -> None:
+    """net/http buffers 2,048 bytes before each chunk; what is left of a write that does not fit
+    the emptied buffer goes out whole."""
+    for i in range(30):
+        big = {"note": "x" * (3000 if i % 7 == 0 else 200)}
+        srv.create("Service", {**svc(f"s{i}"), "metadata": {"name": f"s{i}", "annotations": big}})
+    sock = socket.create_connection((srv.host, srv.port), timeout=5)
+    try:
+        sock.sendall(b"GET /api/v1/services?resourceVersion=0 HTTP/1.1\r\nHost: x\r\n\r\n")
+        raw = b""
+        while not raw.endswith(b"\r\n0\r\n\r\n"):
+            got = sock.recv(65536)
+            assert got, "the connection closed before the last chunk"
+            raw += got
+    finally:
+        sock.close()
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower()
+    chunks: list[bytes] = []
+    while True:
+        line, _, rest = rest.partition(b"\r\n")
+        size = int(line, 16)
+        if size == 0:
+            break
+        chunks.append(rest[:size])
+        rest = rest[size + 2 :]
+    assert len(json.loads(b"".join(chunks))["items"]) == 30
+    sizes = [len(c) for c in chunks]
+    # Each a full buffer, or more when what was left of a write did not fit the emptied
+    # buffer; the last what was buffered at the end.
+    assert all(n >= 2048 for n in sizes[:-1]) and sizes[-1] <= 2048, sizes
+    assert sizes.count(2048) >= len(sizes) // 2 and len(sizes) > 10, sizes
 
 
 def test_list_at_resource_version_0_is_paged_without_a_watch_cache() -> None:

@@ -168,7 +168,7 @@ def test_lists_streamed_or_sent_whole_give_the_same_cluster(
     srv: FakeApiServer, make_source: Callable[..., KubeApiSource], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Small pieces on both sides: items cut across chunks, the decoded text let go often.
-    monkeypatch.setattr(apiserver_module, "LIST_CHUNK", 300)
+    monkeypatch.setattr(apiserver_module, "LIST_BUFFER", 300)
     monkeypatch.setattr(kubeapi, "_CHUNK", 500)
     populate(srv, 40)
     source = synced(make_source)

@@ -322,8 +322,54 @@ def too_large_resource_version(requested: int, current: int) -> ApiError:
     )
 
 
-#: About how many bytes of a streamed list response go out at a time.
-LIST_CHUNK = 1 << 16
+#: Go's net/http buffers a handler's writes this much (bufferBeforeChunkingSize) and sends each
+#: buffer it flushes as one chunk; kube-apiserver's streaming list encoder writes item by item,
+#: so a streamed list arrives in chunks of about 2 KB (an item larger than the free buffer,
+#: with nothing buffered, as a chunk of its own).
+LIST_BUFFER = 2048
+#: The connection's write buffer under the chunks (net/http's bufio.Writer on the conn).
+CONN_BUFFER = 4096
+
+
+class _GoChunkedBody:
+    """A chunked body written as net/http writes one: the handler's writes through a
+    LIST_BUFFER-byte bufio.Writer whose flushes are the chunks, the chunks through a
+    CONN_BUFFER-byte buffer on the connection."""
+
+    def __init__(self, send: Callable[[bytes], object]) -> None:
+        self._send = send
+        self._buffer = bytearray()
+        self._conn = bytearray()
+
+    def write(self, data: bytes) -> None:
+        # bufio.Writer.Write: fill and flush the buffer; a large write with nothing buffered
+        # goes straight through.
+        size = LIST_BUFFER
+        while len(data) > size - len(self._buffer):
+            if not self._buffer:
+                self._chunk(data)
+                return
+            room = size - len(self._buffer)
+            self._buffer += data[:room]
+            data = data[room:]
+            self._chunk(bytes(self._buffer))
+            self._buffer.clear()
+        self._buffer += data
+
+    def close(self) -> None:
+        """The handler returned: what is buffered, the last chunk, all on the wire."""
+        if self._buffer:
+            self._chunk(bytes(self._buffer))
+            self._buffer.clear()
+        self._conn += b"0\r\n\r\n"
+        self._send(bytes(self._conn))
+        self._conn.clear()
+
+    def _chunk(self, data: bytes) -> None:
+        self._conn += b"%x\r\n" % len(data) + data + b"\r\n"
+        if len(self._conn) >= CONN_BUFFER:
+            self._send(bytes(self._conn))
+            self._conn.clear()
 
 
 def _list_options_invalid(causes: list[tuple[str, str, str]]) -> ApiError:
@@ -2385,21 +2431,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_list_streamed(self, listed: JSONDict) -> None:
         """A list as upstream's streaming encoder writes it: kind, apiVersion and metadata
-        first, then the items one at a time, flushed in chunks of about LIST_CHUNK bytes."""
+        first, then the items one write each, in chunks as Go's server cuts them."""
         self._start_chunked()
+        body = _GoChunkedBody(self.wfile.write)
         head = {k: v for k, v in listed.items() if k != "items"}
-        pending = [json.dumps(head, separators=(",", ":"))[:-1], ',"items":[']
-        size = 0
+        body.write(json.dumps(head, separators=(",", ":"))[:-1].encode() + b',"items":[')
         for i, item in enumerate(listed["items"]):
-            text = json.dumps(item, separators=(",", ":"))
-            pending.append("," + text if i else text)
-            size += len(text)
-            if size >= LIST_CHUNK:
-                self._write_chunk("".join(pending).encode())
-                pending, size = [], 0
-        pending.append("]}")
-        self._write_chunk("".join(pending).encode())
-        self._write_chunk(b"")
+            if i:
+                body.write(b",")
+            body.write(json.dumps(item, separators=(",", ":")).encode())
+        body.write(b"]}")
+        body.close()
 
     def _start_chunked(self) -> None:
         """A 200 whose JSON body follows in chunks (a streamed list, a watch)."""
