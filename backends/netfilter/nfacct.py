@@ -93,7 +93,6 @@ class Nfacct:
         if self._sock is None:
             sock = open_socket(self.netns)
             sock.settimeout(5.0)
-            sock.bind((0, 0))
             self._sock = sock
         return self._sock
 

@@ -13,9 +13,16 @@ NETLINK_NETFILTER = 12
 
 
 def open_socket(netns: str | None) -> socket.socket:
-    """A NETLINK_NETFILTER socket in ``netns`` (None: this process's namespace)."""
+    """A NETLINK_NETFILTER socket in ``netns`` (None: this process's namespace), bound to a
+    port id the kernel picks."""
 
     def make() -> socket.socket:
-        return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+        try:
+            sock.bind((0, 0))
+        except OSError:
+            sock.close()
+            raise
+        return sock
 
     return make() if netns is None else run_in_netns(netns, make)

@@ -965,7 +965,6 @@ class NftNetlink:
     def _socket(self) -> socket.socket:
         if self._sock is None:
             sock = open_socket(self.netns)
-            sock.bind((0, 0))
             self._sndbuf = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2
             self._sock = sock
         return self._sock

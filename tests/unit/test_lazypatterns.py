@@ -19,10 +19,13 @@ from kubeplex.core.cli import lazypatterns
 from kubeplex.core.cli.lazypatterns import LazyPattern
 
 
-def run_fresh(code: str) -> object:
+def run_fresh(code: str, *args: str) -> object:
     """What ``code`` prints as JSON, run in a new interpreter (with its own imports)."""
     out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, check=False
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -142,14 +145,7 @@ def test_the_listed_modules_behave_as_with_patterns_compiled_at_once() -> None:
         out.append(platform.python_implementation())
         print(json.dumps(out))
     """
-    eager = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), "eager"], capture_output=True, text=True
-    )
-    lazy = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), "lazy"], capture_output=True, text=True
-    )
-    assert eager.returncode == 0 and lazy.returncode == 0, eager.stderr + lazy.stderr
-    assert json.loads(lazy.stdout) == json.loads(eager.stdout)
+    assert run_fresh(code, "lazy") == run_fresh(code, "eager")
 
 
 def test_a_daemon_s_start_does_not_compile_what_it_does_not_use() -> None:
