@@ -19,14 +19,22 @@ OOM_SCORE_ADJ = Path("/proc/self/oom_score_adj")
 
 def apply_oom_score_adj(value: int, path: Path = OOM_SCORE_ADJ) -> str | None:
     """Write oomScoreAdj for this process (upstream's oom.ApplyOOMScoreAdj on pid 0); the
-    reason as text if the kernel refuses (lowering it needs CAP_SYS_RESOURCE), else None."""
+    reason as text if the kernel refuses (lowering it needs CAP_SYS_RESOURCE), else None.
+
+    A score that already protects the process as much (lower is more protected: the kubelet
+    gives a node-critical pod its own) is kept: raising it would only make the process an
+    earlier victim."""
+    current = ""
     try:
         current = path.read_text().strip()
-        if current == str(value):
+        if current.lstrip("-").isdigit() and int(current) <= value:
             return None
         path.write_text(f"{value}\n")
     except OSError as err:
-        return f"oomScoreAdj {value}: cannot write {path}: {err.strerror or err}"
+        return (
+            f"oomScoreAdj {value}: cannot write {path} (the score stays {current or 'unknown'}): "
+            f"{err.strerror or err}"
+        )
     return None
 
 
@@ -45,4 +53,5 @@ def prepare_process(cfg: KubeProxyConfiguration, oom_path: Path = OOM_SCORE_ADJ)
     warn_unusable_fields(cfg)
     refused = apply_oom_score_adj(cfg.oom_score_adj, oom_path)
     if refused is not None:
-        log.warning("%s", refused)
+        # At upstream's V(2): the pod's own score (the kubelet's) still applies.
+        log.info("%s", refused)

@@ -137,20 +137,37 @@ def test_warnings_are_logged_once_each(caplog: pytest.LogCaptureFixture, tmp_pat
     assert oom.read_text() == "-999\n"
 
 
-def test_a_refused_oom_score_is_a_warning(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
-    caplog.set_level(logging.WARNING, logger=process.__name__)
+def test_a_refused_oom_score_is_told_at_info(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    # As upstream (V(2)): the pod's own score, the kubelet's, still applies.
+    caplog.set_level(logging.INFO, logger=process.__name__)
     process.prepare_process(default_config(), tmp_path / "missing" / "oom_score_adj")
     (record,) = caplog.records
-    assert record.levelno == logging.WARNING
+    assert record.levelno == logging.INFO
     assert record.getMessage().startswith("oomScoreAdj -999: cannot write ")
+
+
+@pytest.mark.parametrize("current", ["-999", "-1000"])
+def test_a_score_as_protective_is_kept_without_a_word(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path, current: str
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=process.__name__)
+    oom = tmp_path / "oom_score_adj"
+    oom.write_text(f"{current}\n")
+    process.prepare_process(default_config(), oom)
+    assert oom.read_text() == f"{current}\n"
+    assert caplog.records == []
 
 
 @pytest.mark.skipif(not OOM.exists(), reason="no /proc")
 def test_oom_score_adj_lands_on_the_process() -> None:
-    # In a child: the score is the process's own, and raising it needs no privilege.
+    # In a child: the score is the process's own; raising it needs no privilege, nor does
+    # lowering it again down to where it was.
     code = (
         "from pathlib import Path\n"
         "from kubeplex.core.daemon.process import apply_oom_score_adj\n"
+        "Path('/proc/self/oom_score_adj').write_text('600')\n"
         "assert apply_oom_score_adj(517) is None\n"
         "print(Path('/proc/self/oom_score_adj').read_text().strip())\n"
     )
@@ -174,4 +191,33 @@ def test_the_kernel_refuses_a_lower_score_without_privilege() -> None:
     out = subprocess.run(
         [*drop, sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/"
     )
-    assert out.stdout.strip() == f"oomScoreAdj -500: cannot write {OOM}: Permission denied"
+    assert out.stdout.strip() == (
+        f"oomScoreAdj -500: cannot write {OOM} (the score stays 0): Permission denied"
+    )
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None or not OOM.exists(),
+    reason="needs root (to drop to an unprivileged user with setpriv) and /proc",
+)
+def test_an_unprivileged_process_keeps_the_lower_score_it_was_given() -> None:
+    # The kubelet's way: the score is set before the process starts, without the privilege
+    # to lower it further. A higher wanted score is not written (it would make the process
+    # an earlier victim); a lower one is refused, and said at info only.
+    code = (
+        "from dataclasses import replace\n"
+        "from kubeplex.core.cli import logs\n"
+        "from kubeplex.core.config.kubeproxy import default_config\n"
+        "from kubeplex.core.daemon.process import prepare_process\n"
+        "open('/proc/self/oom_score_adj', 'w').write('300')  # as it was started\n"
+        "logs.configure(None, None)\n"
+        "for wanted in (400, -999):\n"
+        "    prepare_process(replace(default_config(), oom_score_adj=wanted))\n"
+        "print(open('/proc/self/oom_score_adj').read().strip())\n"
+    )
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    out = subprocess.run(
+        [*drop, sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/"
+    )
+    assert out.stdout.strip() == "300"
+    assert out.stderr == ""  # nothing at the default verbosity
