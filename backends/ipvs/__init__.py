@@ -39,6 +39,7 @@ from kubeplex.backends.ipvs.plan import (
     IpvsSeam,
     Op,
     VirtualKey,
+    VirtualServer,
 )
 from kubeplex.backends.ipvs.reconcile import Held, Ownership, empty, reconcile
 from kubeplex.backends.ipvs.settings import IpvsSettings, ipvs_settings
@@ -63,6 +64,7 @@ from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.expectations import LOCAL_POLICY_FALLBACK
 from kubeplex.core.model.graph import ChangeSet, ProxyState, ServiceGraph
 from kubeplex.core.model.types import IPFamily, ServicePortName
+from kubeplex.core.model.types import Protocol as L4
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,8 @@ STRICT_ARP = (("net.ipv4.conf.all.arp_ignore", "1"), ("net.ipv4.conf.all.arp_ann
 CONN_REUSE_MODE = "net.ipv4.vs.conn_reuse_mode"
 #: Kernels from 5.9 on fixed the connection-reuse stall; before that upstream sets the mode 0.
 CONN_REUSE_FIXED = (5, 9)
+#: Upstream's probe virtual service, in TEST-NET-2 (RFC 5737), which no Service may use.
+PROBE = VirtualKey(L4.TCP, "198.51.100.0", 20000)
 #: What ``inspect`` adds to a virtual service no real server can take a new connection of.
 NO_REAL_SERVER = "# no real server with a weight: new connections are refused (REJECT)"
 
@@ -193,10 +197,12 @@ class IpvsBackend(FamilyBackend[DesiredRenderer, IpvsBackendRendered]):
         return [*super().missing_requirements(), *self.kernel.missing(self.scheduler)]
 
     def prepare(self) -> None:
-        """Upstream's start: the deprecation, the sysctls, IPVS's timeouts."""
+        """Upstream's start: the deprecation, the probe that loads IPVS and the scheduler,
+        then the sysctls (under net.ipv4.vs only once ip_vs is loaded), IPVS's timeouts."""
         if self._prepared:
             return
         log.error(DEPRECATION)
+        self._probe()
         cfg = self.ctx.config.ipvs
         for key, value in SYSCTLS:
             self.kernel.sysctl(key, value)
@@ -209,6 +215,31 @@ class IpvsBackend(FamilyBackend[DesiredRenderer, IpvsBackendRendered]):
         if any(t > 0 for t in timeouts):
             self.kernel.set_timeouts(*(int(t) for t in timeouts))
         self._prepared = True
+
+    def _probe(self) -> None:
+        """Add and delete upstream's probe virtual service with the scheduler: the kernel
+        loads ip_vs (for the IPVS netlink family) and the scheduler's module, or says why it
+        cannot, before anything else is written (upstream's CanUseIPVSProxier)."""
+        v4 = IPFamily.IPv4
+        add = Op("add-service", v4, service=VirtualServer(PROBE, self.scheduler))
+        remove = Op("del-service", v4, key=PROBE)
+        try:
+            try:
+                self.kernel.send(v4, [add, remove])
+            except BackendError as first:
+                # A probe left by a start stopped between the two: remove it, try once more.
+                try:
+                    self.kernel.send(v4, [remove])
+                except BackendError:
+                    raise first from None
+                self.kernel.send(v4, [add, remove])
+        except BackendError as err:
+            said = str(err)
+            lacks = [m for m in self.kernel.missing(self.scheduler) if m not in said]
+            raise BackendError(
+                f"ipvs mode cannot start: the probe virtual service with scheduler "
+                f"{self.scheduler!r} was refused: {'; '.join([said, *lacks])}"
+            ) from err
 
     # --- observe ----------------------------------------------------------------------------
 

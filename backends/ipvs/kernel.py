@@ -40,7 +40,7 @@ from kubeplex.backends.ipvs.plan import (
     VirtualServer,
 )
 from kubeplex.backends.netfilter.iptables import Iptables
-from kubeplex.core.dataplane.requirements import kernel_module_available
+from kubeplex.core.dataplane.requirements import module_unavailable
 from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.types import IPFamily
 from kubeplex.core.model.types import Protocol as L4
@@ -207,10 +207,19 @@ class IpvsKernel:
             msg["version"] = 1
             msg["attrs"] = [["CTRL_ATTR_FAMILY_NAME", "IPVS"]]
             self.requests_sent += 1
+            # The kernel loads ip_vs for an unknown family by its alias
+            # (net-pf-16-proto-16-family-IPVS) before it answers.
             try:
                 (reply,) = sock.dump(msg, GENL_ID_CTRL, ctrlmsg, flags=0)
             except OSError as err:
-                raise BackendError(f"IPVS is not available in this kernel: {err}") from err
+                if err.errno != errno.ENOENT:
+                    raise BackendError(f"IPVS generic netlink family: {err}") from err
+                why = module_unavailable("ip_vs") or (
+                    "kernel module 'ip_vs' did not load when the kernel was asked for it"
+                )
+                raise BackendError(
+                    f"this kernel has no IPVS (no generic netlink family 'IPVS'): {why}"
+                ) from err
             self._ipvs_id = int(reply.get_attr("CTRL_ATTR_FAMILY_ID"))
         return sock, self._ipvs_id
 
@@ -340,8 +349,10 @@ class IpvsKernel:
         from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
         msg = ifinfmsg()
+        # No queue, as upstream's (a link that is never up has no use for one).
         msg["attrs"] = [
             ("IFLA_IFNAME", DUMMY_LINK),
+            ("IFLA_TXQLEN", 0),
             ("IFLA_LINKINFO", {"attrs": [("IFLA_INFO_KIND", "dummy")]}),
         ]
         self.requests_sent += 1
@@ -568,13 +579,15 @@ class IpvsKernel:
         self.iptables.sysctl(key, value)
 
     def missing(self, scheduler: str) -> list[str]:
-        """In the words of the trust list's own check (so the two say each lack once)."""
+        """In the words of the trust list's own check (so the two say each lack once). The
+        kernel asks for ip_vs, dummy and ip_set by their aliases, a scheduler by its name."""
         release = platform.release()
+        wanted = {m: True for m in ("ip_vs", "dummy", "ip_set")}
+        wanted[f"ip_vs_{scheduler or 'rr'}"] = False
         return [
-            f"kernel module {m!r} is not loaded, built in or loadable "
-            f"(/sys/module, /lib/modules/{release})"
-            for m in ("ip_vs", f"ip_vs_{scheduler or 'rr'}", "dummy", "ip_set")
-            if not kernel_module_available(m, release)
+            why
+            for m, on_demand in wanted.items()
+            if (why := module_unavailable(m, release, on_demand=on_demand))
         ]
 
 

@@ -159,12 +159,12 @@ def test_requirements_are_checked_against_this_node(tmp_path: Path) -> None:
     )
     x, win = trust.backends["x"], trust.backends["win"]
     missing = plugins.missing_on_node(x)
-    assert missing[:3] == [
-        "executable 'kubeplex-no-such-tool' not found in PATH",
-        "kernel module 'kubeplex_no_such_module' is not loaded, built in or loadable "
-        f"(/sys/module, /lib/modules/{os.uname().release})",
-        "/proc/kubeplex-no-such-path does not exist",
-    ]
+    assert missing[0] == "executable 'kubeplex-no-such-tool' not found in PATH"
+    # What is missing depends on this node (its modules folder, or the module in it):
+    # test_module_requirements has each case.
+    assert missing[1].startswith("kernel module 'kubeplex_no_such_module' is not loaded, ")
+    assert f"/lib/modules/{os.uname().release}" in missing[1]
+    assert missing[2] == "/proc/kubeplex-no-such-path does not exist"
     assert missing[3].endswith("is older than the required 999.1"), missing
     assert plugins.missing_on_node(win) == ["platform windows required, this node runs linux"]
     assert plugins.missing_on_node(plugins.load_trust_list().backends["iptables"]) == []
