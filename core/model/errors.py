@@ -72,6 +72,19 @@ def shown(value: object, limit: int = VALUE_LIMIT) -> str:
     return f'"{text}"…({size_of(value)} bytes)' if cut else f'"{text}"'
 
 
+def escaped(text: str) -> str:
+    """``text`` with every character that is not printable written as its Python escape
+    (``\\x1b``, ``\\n``, ``\\u202e``): text from outside (a server's message, an exception's,
+    a kernel listing) can then neither forge a line nor drive a terminal. Printable text comes
+    back as it is, so escaping twice changes nothing."""
+    if text.isprintable():
+        return text
+    return "".join(
+        char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+        for char in text
+    )
+
+
 def bare(value: object, limit: int = VALUE_LIMIT) -> str:
     """Like :func:`shown`, without quotes around a string that needs none (a name that
     fits and has no control characters): for ``Service ns/name``."""

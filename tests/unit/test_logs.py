@@ -95,7 +95,7 @@ def test_logging_verbosity_from_the_file(capsys: pytest.CaptureFixture[str]) -> 
 
 @pytest.mark.parametrize(
     ("verbosity", "level"),
-    [(0, logging.WARNING), (1, logging.INFO), (3, logging.INFO), (4, logging.DEBUG), (7, 1)],
+    [(0, logs.NOTICE), (1, logging.INFO), (3, logging.INFO), (4, logging.DEBUG), (7, 1)],
 )
 def test_verbosity_levels(verbosity: int, level: int) -> None:
     assert logs.level_for(verbosity) == level
@@ -134,3 +134,68 @@ def test_json_lines_are_compact_like_zap(capsys: pytest.CaptureFixture[str]) -> 
     log.warning("a b", extra={"k": "v"})
     line = capsys.readouterr().err
     assert line.endswith('"msg":"a b","v":0,"k":"v"}\n') and ", " not in line
+
+
+#: What a hostile server's message or a kernel tool's output may hold: a colour, a bell, a
+#: carriage return and a newline that starts a forged record.
+FORGED = "\x1b[31mred\x07\r\n2030-01-01 00:00:00,000 ERROR kubeplex: forged"
+FORGED_ESCAPED = "\\x1b[31mred\\x07\\r\\n2030-01-01 00:00:00,000 ERROR kubeplex: forged"
+
+
+def _one_clean_line(text: str) -> str:
+    (line,) = text.splitlines()
+    assert line.isprintable(), line
+    return line
+
+
+def test_text_lines_escape_what_the_arguments_bring(capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure(None, None)
+    log.warning("watch broke (%s): relisting", f"HTTP 403 Forbidden: {FORGED}")
+    line = _one_clean_line(capsys.readouterr().err)
+    assert line.endswith(f"watch broke (HTTP 403 Forbidden: {FORGED_ESCAPED}): relisting")
+
+
+def test_json_lines_escape_message_values_and_error(capsys: pytest.CaptureFixture[str]) -> None:
+    # JSON escapes C0 controls itself; C1 (CSI) and bidi controls it writes raw.
+    logs.configure(_cfg("logging:\n  format: json\n"), None)
+    try:
+        raise OSError(f"\x9b31m{FORGED}")
+    except OSError:
+        log.exception("sync of %s failed", "\u202eweb", extra={"object": "\x9bweb\u2028"})
+    line = _one_clean_line(capsys.readouterr().err)
+    entry = json.loads(line)
+    assert entry["msg"] == "sync of \\u202eweb failed"
+    assert entry["err"] == f"\\x9b31m{FORGED_ESCAPED}"
+    assert entry["object"] == "\\x9bweb\\u2028"
+
+
+def test_a_traceback_keeps_its_lines_and_escapes_the_messages(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    logs.configure(None, None)
+    try:
+        try:
+            raise ValueError(FORGED)
+        except ValueError as err:
+            raise RuntimeError(f"sync: {FORGED}") from err
+    except RuntimeError:
+        log.exception("backend crashed")
+    lines = capsys.readouterr().err.splitlines()
+    assert [line for line in lines if not line.isprintable()] == []
+    assert not [line for line in lines if line.startswith("2030-")]
+    assert f"ValueError: {FORGED_ESCAPED}" in lines
+    assert f"RuntimeError: sync: {FORGED_ESCAPED}" in lines
+    assert lines.count("Traceback (most recent call last):") == 2
+    assert "The above exception was the direct cause of the following exception:" in lines
+    assert lines[0].endswith("ERROR kubeplex.core.daemon.proxier: backend crashed")
+
+
+def test_notice_is_an_info_line_shown_at_verbosity_0(capsys: pytest.CaptureFixture[str]) -> None:
+    logs.configure(None, None)
+    log.log(logs.NOTICE, "running in mode %s", "iptables")
+    log.info("hidden")
+    line = _one_clean_line(capsys.readouterr().err)
+    assert line.endswith(" INFO kubeplex.core.daemon.proxier: running in mode iptables")
+    logs.configure(_cfg("logging:\n  format: json\n"), None)
+    log.log(logs.NOTICE, "running")
+    assert json.loads(capsys.readouterr().err)["v"] == 0
