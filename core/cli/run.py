@@ -35,7 +35,9 @@ if TYPE_CHECKING:
     from kubeplex.core.daemon.modes import SwitchReport
     from kubeplex.core.daemon.operations import Operations
     from kubeplex.core.daemon.runner import SyncRunner
+    from kubeplex.core.dataplane.backend import SyncResult
     from kubeplex.core.model.cluster import ClusterState
+    from kubeplex.core.model.graph import ProxyState
     from kubeplex.core.sources.kubeapi import KubeApiSource
     from kubeplex.core.sources.manifests import ManifestSource
 
@@ -141,9 +143,27 @@ def _lists_complete(api: KubeApiSource | None, once: bool, stop: threading.Event
     return api is None or api.synced or _wait_for_api_sync(api, once, stop)
 
 
-def _started(*_: object) -> None:
-    """After each sync: the first ends the start, and what it compiled is kept for the next."""
-    codecache.done()
+class _FirstSync:
+    """After each sync: the first ends the start, so it is told at verbosity 0 (as upstream
+    tells its start), and what it compiled is kept for the next start."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def __call__(self, state: ProxyState, result: SyncResult, elapsed: float) -> None:
+        codecache.done()
+        if self.done:
+            return
+        self.done = True
+        ports = ", ".join(f"{f.value} {len(g.services)}" for f, g in state.graphs.items())
+        left_out = f"; {len(result.failed)} left out (errors above)" if result.failed else ""
+        log.log(
+            logs.NOTICE,
+            "first sync done in %.1f ms: service ports %s%s",
+            elapsed * 1000,
+            ports,
+            left_out,
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -222,6 +242,13 @@ def serve(
             raise KubeplexError(
                 f"mode {cfg.mode}: this node lacks what it needs: {'; '.join(missing)}"
             )
+        log.log(
+            logs.NOTICE,
+            "running in mode %s on node %s, from %s",
+            cfg.mode,
+            node_name(cfg),
+            f"the Kubernetes API at {api.host}" if api is not None else f"manifests {manifests}",
+        )
         if watch is not None:
             watch.start(stop, _config_changed)
         if api is not None:
@@ -235,7 +262,7 @@ def serve(
         if once:
             if not _lists_complete(api, once, stop):
                 return EXIT_CONFIG_CHANGED if config_changed.is_set() else EXIT_SYNC_FAILED
-            proxier.listeners.append(switch)
+            proxier.listeners += [switch, _FirstSync()]
             # Just the rules: no servers, sysctls or conntrack work (nor their imports).
             if not proxier.sync(full=True):
                 return EXIT_SYNC_FAILED
@@ -255,7 +282,7 @@ def serve(
             netns=netns,
         )
         proxier.listeners.append(switch)  # after the node's own listeners: health first
-        proxier.listeners.append(_started)
+        proxier.listeners.append(_FirstSync())
 
         sync_period, min_sync_period = backend.sync_periods()
         runner = SyncRunner(ops.sync, cluster.changed, min_sync_period, sync_period)
