@@ -225,11 +225,16 @@ def serve(
         # Imported now: with an API source, while its lists are on their way.
         from kubeplex.core.cli.shared import make_backend, state_from_manifests
         from kubeplex.core.daemon.modes import SwitchCleanup
-        from kubeplex.core.daemon.process import prepare_process, warn_unusable_fields
+        from kubeplex.core.daemon.process import (
+            prepare_process,
+            raise_open_files_limit,
+            warn_unusable_fields,
+        )
         from kubeplex.core.daemon.proxier import Proxier
         from kubeplex.core.daemon.runner import SyncRunner
         from kubeplex.core.dataplane import plugins
 
+        raise_open_files_limit()  # any proxy process, a lab's too (Go's runtime does it)
         if once or netns is not None:
             # One sync, or a lab's proxy inside a namespace: not the node's proxy process,
             # whose OOM score is set (the fields nothing uses are still named).

@@ -17,40 +17,31 @@ Semantics follow upstream's pkg/proxy/healthcheck:
   healthy, 503 otherwise, with upstream's JSON body and headers, so cloud load balancers only
   send traffic to nodes that can serve it locally.
 
-All listeners of a process share one ``HTTPServing`` loop thread (a selector over the
-listening sockets; each accepted request gets a short-lived thread), so opening and closing a
-port is immediate and a hundred Services do not cost a hundred polling threads. Listeners can
-be opened inside a network namespace (``netns``), where the proxy programs its rules.
+All listeners of a process share one ``HTTPServing`` loop (``httpserving``: one thread over
+non-blocking sockets, bounded connections and deadlines, a small pool for the answers), so
+opening and closing a port is immediate, a hundred Services do not cost a hundred threads and
+idle clients cost no thread at all. Listeners can be opened inside a network namespace
+(``netns``), where the proxy programs its rules.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import json
 import logging
-import os
-import queue
-import selectors
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from kubeplex.core.dataplane.netns import run_in_netns
+from kubeplex.core.daemon.httpserving import App, HTTPServing, Listener, ListenError, Response
 from kubeplex.core.model.graph import ProxyState
 from kubeplex.core.model.types import IPFamily
 
 log = logging.getLogger(__name__)
 
-#: (status, headers, body) of one HTTP answer.
-Response = tuple[int, Sequence[tuple[str, str]], bytes]
-#: Answers a request from its method and path (without the query string).
-App = Callable[[str, str], Response]
 #: Told of every /healthz or /livez answer: ("healthz" | "livez", status code).
 ProbeHook = Callable[[str, int], None]
 
@@ -60,206 +51,10 @@ _NOT_FOUND: Response = (
     (("Content-Type", "text/plain; charset=utf-8"), ("X-Content-Type-Options", "nosniff")),
     b"404 page not found\n",
 )
-_REQUEST_TIMEOUT = 30.0  # an idle or slow client never pins a handler thread for long
-_CALL_TIMEOUT = 10.0
 
 
-class HealthCheckError(OSError):
-    """A listener could not be opened (address in use, no such namespace, ...)."""
-
-
-# ------------------------------------------------------------------------------ HTTP plumbing
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"  # keep-alive, as load balancer health checkers expect
-    timeout = _REQUEST_TIMEOUT
-
-    def _answer(self, with_body: bool) -> None:
-        path = self.path.split("?", 1)[0]
-        try:
-            status, headers, body = self.server.app(self.command, path)
-        except Exception:  # a bug in a handler must not kill the listener
-            log.exception("HTTP handler for %s failed", path)
-            status, headers, body = 500, (), b"internal error\n"
-        self.send_response(status)
-        for name, value in headers:
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if with_body:
-            self.wfile.write(body)
-
-    def do_GET(self) -> None:
-        self._answer(True)
-
-    def do_POST(self) -> None:
-        self._answer(True)
-
-    def do_HEAD(self) -> None:
-        self._answer(False)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    timeout = 0  # handle_request() is only called once the selector saw a connection
-
-    def __init__(self, sock: socket.socket, app: App) -> None:
-        self.app = app
-        self.address_family = sock.family
-        super().__init__(sock.getsockname()[:2], _Handler, bind_and_activate=False)
-        self.socket.close()  # the unbound one the base class made; ours is already listening
-        self.socket = sock
-        self.server_address = sock.getsockname()[:2]
-
-
-def _listen(host: str, port: int, netns: str | None) -> socket.socket:
-    """A listening TCP socket on host:port, created in ``netns`` if one is given."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        if netns:
-            path = netns if "/" in netns else os.path.join("/run/netns", netns)
-            if not os.path.exists(path):
-                raise FileNotFoundError(f"no network namespace {netns!r}")
-            # Made by a thread inside the namespace, the socket lives in it for good (without
-            # pyroute2's netns module, whose import costs 0.13-0.16 s of every lab proxy's start).
-            sock = run_in_netns(netns, lambda: socket.socket(family, socket.SOCK_STREAM))
-        else:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-    except OSError as err:
-        raise HealthCheckError(f"cannot make a socket for {host}:{port}: {err}") from err
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-        sock.setblocking(False)
-    except OSError as err:
-        sock.close()
-        where = f" in netns {netns}" if netns else ""
-        raise HealthCheckError(f"cannot listen on {_join(host, port)}{where}: {err}") from err
-    return sock
-
-
-def _join(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-class HTTPServing:
-    """One thread that serves every listener added to it (health, metrics, health ports)."""
-
-    def __init__(self, name: str = "kubeplex-http") -> None:
-        self._selector = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._servers: list[_Server] = []
-        self._stopping = False
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    # --- public ---------------------------------------------------------------------------
-
-    def listen(self, host: str, port: int, app: App, *, netns: str | None = None) -> _Server:
-        """Start answering on host:port (port 0: any free one; see ``address_of``)."""
-        server = _Server(_listen(host, port, netns), app)
-        try:
-            self._call(lambda: self._add(server))
-        except BaseException:
-            server.server_close()
-            raise
-        return server
-
-    def close(self, server: _Server) -> None:
-        """Stop listening (the port is free when this returns); idempotent."""
-        self._call(lambda: self._remove(server))
-
-    @staticmethod
-    def address_of(server: _Server) -> tuple[str, int]:
-        host, port = server.server_address[:2]
-        return str(host), int(port)
-
-    def stop(self) -> None:
-        """Close every listener and end the loop thread."""
-        if self._closed:
-            return
-        self._stopping = True
-        with contextlib.suppress(RuntimeError):
-            self._call(lambda: None)
-        self._thread.join(timeout=_CALL_TIMEOUT)
-        self._closed = True
-        self._wake_w.close()
-
-    # --- the loop -------------------------------------------------------------------------
-
-    def _call(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` in the loop thread and wait for it (selectors are not thread-safe)."""
-        if threading.current_thread() is self._thread:
-            fn()
-            return
-        if self._closed or not self._thread.is_alive():
-            raise RuntimeError("HTTP serving loop is stopped")
-        done = threading.Event()
-        failure: list[BaseException] = []
-
-        def wrapped() -> None:
-            try:
-                fn()
-            except BaseException as err:
-                failure.append(err)
-            finally:
-                done.set()
-
-        self._commands.put(wrapped)
-        self._wake_w.send(b"x")
-        if not done.wait(_CALL_TIMEOUT):
-            raise RuntimeError("HTTP serving loop did not answer")
-        if failure:
-            raise failure[0]
-
-    def _add(self, server: _Server) -> None:
-        self._selector.register(server.socket, selectors.EVENT_READ, server)
-        self._servers.append(server)
-
-    def _remove(self, server: _Server) -> None:
-        if server in self._servers:
-            self._servers.remove(server)
-            self._selector.unregister(server.socket)
-            server.server_close()
-
-    def _run(self) -> None:
-        try:
-            while not self._stopping:
-                for key, _ in self._selector.select():
-                    if key.data is None:
-                        self._drain_commands()
-                    else:
-                        try:
-                            key.data.handle_request()
-                        except Exception:
-                            log.exception("accepting a connection failed")
-        finally:
-            self._drain_commands()
-            for server in list(self._servers):
-                self._remove(server)
-            self._selector.close()
-            self._wake_r.close()
-
-    def _drain_commands(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            while self._wake_r.recv(4096):
-                pass
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            command()
+#: A listener could not be opened (address in use, no such namespace, ...).
+HealthCheckError = ListenError
 
 
 # ------------------------------------------------------------------------------ proxy health
@@ -469,7 +264,7 @@ def service_health_body(key: ServiceKey, count: int, proxy_healthy: bool) -> byt
 @dataclass
 class _Instance:
     port: int
-    servers: list[_Server]
+    servers: list[Listener]
     endpoints: int = 0
 
 
@@ -547,8 +342,8 @@ class ServiceHealthServer:
                 self._close(inst)
             self._services.clear()
 
-    def _open(self, key: ServiceKey, port: int) -> list[_Server]:
-        servers: list[_Server] = []
+    def _open(self, key: ServiceKey, port: int) -> list[Listener]:
+        servers: list[Listener] = []
         try:
             for host in self._addresses:
                 app = self._app_for(key)

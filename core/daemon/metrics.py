@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
-from kubeplex.core.daemon.healthcheck import App, HTTPServing, Response
+from kubeplex.core.daemon.httpserving import App, HTTPServing, Response
 from kubeplex.core.dataplane.backend import (
     Backend,
     MetricEvent,

@@ -30,11 +30,11 @@ from kubeplex.core.config.kubeproxy import KubeProxyConfiguration, split_host_po
 from kubeplex.core.daemon.conntrack import ConntrackCleaner
 from kubeplex.core.daemon.healthcheck import (
     HealthCheckError,
-    HTTPServing,
     ProxyHealth,
     ProxyHealthServer,
     ServiceHealthServer,
 )
+from kubeplex.core.daemon.httpserving import HTTPServing
 from kubeplex.core.daemon.metrics import MetricsServer, ProxyMetrics
 from kubeplex.core.daemon.proxier import Proxier
 from kubeplex.core.daemon.sysctls import SysctlReport, apply_conntrack_sysctls

@@ -5,12 +5,19 @@ every configuration field that is set but cannot apply (:mod:`kubeplex.core.conf
 from __future__ import annotations
 
 import logging
+import resource
 from pathlib import Path
 
 from kubeplex.core.config.fields import start_warnings
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
 
-__all__ = ["OOM_SCORE_ADJ", "apply_oom_score_adj", "prepare_process", "warn_unusable_fields"]
+__all__ = [
+    "OOM_SCORE_ADJ",
+    "apply_oom_score_adj",
+    "prepare_process",
+    "raise_open_files_limit",
+    "warn_unusable_fields",
+]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +43,23 @@ def apply_oom_score_adj(value: int, path: Path = OOM_SCORE_ADJ) -> str | None:
             f"{err.strerror or err}"
         )
     return None
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard one, as every Go program does at start (so
+    upstream's kube-proxy does): the usual soft limit, 1,024, is a limit for select(2), which
+    kubeplex does not use, and connections held open by clients must not starve the rest of
+    the process of descriptors. Returns (before, after); a refusal is logged and kept."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError) as err:
+        log.info("open files limit stays %d (hard limit %d): %s", soft, hard, err)
+        return soft, soft
+    log.debug("open files limit raised from %d to %d", soft, hard)
+    return soft, hard
 
 
 def warn_unusable_fields(cfg: KubeProxyConfiguration) -> list[str]:
