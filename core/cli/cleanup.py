@@ -14,10 +14,11 @@ from kubeplex.core.cli.options import (
     load_effective_config,
     node_name,
 )
+from kubeplex.core.cli.printing import echo
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
 from kubeplex.core.daemon.modes import ModeCleanup, cleanup_modes, platform_modes
 from kubeplex.core.dataplane.backend import BackendContext
-from kubeplex.core.model.errors import KubeplexError
+from kubeplex.core.model.errors import KubeplexError, escaped
 
 
 def add_parser(sub: Subparsers, name: str) -> argparse.ArgumentParser:
@@ -49,5 +50,6 @@ def run(args: argparse.Namespace) -> int:
     results = clean(cfg, args.netns, args.mode)
     for done in results:
         for line in done.lines():
-            print(line, file=sys.stderr if done.error else sys.stdout)
+            # Names read back from the kernel, whoever made them.
+            echo(escaped(line), file=sys.stderr if done.error else sys.stdout)
     return EXIT_BACKEND if any(r.error for r in results) else EXIT_OK

@@ -36,9 +36,11 @@ from kubeplex.core.cli.options import (
     add_common_options,
     load_effective_config,
 )
+from kubeplex.core.cli.printing import echo, escaped_fields
 from kubeplex.core.cli.shared import make_backend
 from kubeplex.core.dataplane.backend import ProgrammedService
 from kubeplex.core.dataplane.drift import Drift, EntryFacts, compare, match
+from kubeplex.core.model.errors import escaped
 from kubeplex.core.model.expectations import (
     DROP,
     FORWARD,
@@ -109,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         spns = select(state, cluster.service_keys(), args.service)
     except UnknownService as err:
-        print(f"kubeplex explain: {err}", file=sys.stderr)
+        echo(f"kubeplex explain: {escaped(str(err))}", file=sys.stderr)
         return EXIT_USAGE
     ports = port_states(cfg, state, backend, spns)
     if ports is None:
@@ -263,7 +265,8 @@ _VERDICT_WORDS = {
 
 
 def text(mode: str, reports: Sequence[dict[str, Any]]) -> str:
-    return "\n".join(_service_text(mode, r) for r in reports)
+    # Kernel lines (a foreign rule's comment) and names are printed escaped, each on its line.
+    return "\n".join(_service_text(mode, escaped_fields(r)) for r in reports)
 
 
 def _service_text(mode: str, r: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from kubeplex.core.cli.options import EXIT_OK, Subparsers
+from kubeplex.core.cli.printing import echo
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration, load_config, with_overrides
 from kubeplex.core.daemon.proxier import Proxier
 from kubeplex.core.dataplane import plugins
@@ -60,7 +61,7 @@ def program_node(cfg: KubeProxyConfiguration, node: str, netns: str, manifests: 
 
 def _show(title: str, text: str) -> None:
     print(f"\n== {title}")
-    print(text.rstrip() or "(nothing)")
+    echo(text.rstrip() or "(nothing)")  # the kernel's listings
 
 
 def _share(ep: EndpointView) -> str:

@@ -25,11 +25,13 @@ from kubeplex.core.cli.options import (
     add_common_options,
     load_effective_config,
 )
+from kubeplex.core.cli.printing import echo
 from kubeplex.core.cli.run import serve
 from kubeplex.core.config.kubeproxy import with_overrides
 from kubeplex.core.daemon.modes import ModeCleanup
 from kubeplex.core.dataplane import plugins
 from kubeplex.core.dataplane.backend import SyncResult
+from kubeplex.core.model.errors import escaped
 
 
 def add_parser(sub: Subparsers, name: str) -> argparse.ArgumentParser:
@@ -113,5 +115,5 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(switch.as_dict(cfg.mode, code), indent=2, sort_keys=True))
     else:
         for line in switch.lines(cfg.mode):
-            print(line)
+            echo(escaped(line))  # leftovers read back from the kernel
     return code

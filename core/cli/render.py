@@ -19,6 +19,7 @@ from kubeplex.core.cli.options import (
     add_common_options,
     load_effective_config,
 )
+from kubeplex.core.cli.printing import echo
 from kubeplex.core.cli.shared import make_backend, state_from_manifests
 from kubeplex.core.daemon.collector import collector_paused
 from kubeplex.core.dataplane.backend import Backend
@@ -60,5 +61,6 @@ def run(args: argparse.Namespace) -> int:
     state = cluster.checkout(full=True)
     observed = None if args.no_observe else observe(backend, state)
     with collector_paused():  # as the daemon renders
-        sys.stdout.write(str(backend.render(state, observed)))
+        # Leftovers to delete are named as the kernel holds them.
+        echo(str(backend.render(state, observed)), end="")
     return EXIT_CONFIG if source.problems or cluster.invalid else EXIT_OK
