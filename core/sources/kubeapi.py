@@ -13,11 +13,14 @@ One daemon thread per resource runs a reflector loop like client-go's:
   retried at once with ``resourceVersion`` unset, paged (a consistent read);
 * **watch** from the list's resourceVersion with ``allowWatchBookmarks`` and a bounded,
   jittered ``timeoutSeconds``; a clean end re-watches from the last resourceVersion seen
-  (events and bookmarks advance it);
-* ``410 Gone``/``Expired`` (too old resourceVersion) relists at once; any other watch or list
-  failure (dropped connection, 5xx, 403, unreachable server) relists with exponential backoff
-  (tenacity). Nothing is ever deleted because a request failed: the working rules stay until a
-  complete list says an object is gone;
+  (events and bookmarks advance it), unless the watch lasted under a second without an event;
+  a watch refused (connection refused, 429) is asked for again after a backoff step;
+* any other end of a round (``410 Gone``/``Expired``, a watch that broke or ended at once, a
+  list that failed: dropped connection, 5xx, 403, unreachable server) relists after the next
+  step of client-go's reflector backoff (:mod:`kubeplex.core.sources.reflector_backoff`: 0.8 s
+  doubling to 30 s, jittered), so a watch that fails every time is not a relist storm. Nothing
+  is ever deleted because a request failed: the working rules stay until a complete list says
+  an object is gone;
 * every ``configSyncPeriod`` the resource is relisted (0: never).
 
 Services and EndpointSlices are listed with upstream kube-proxy's label selector
@@ -57,14 +60,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    wait_exponential,
-    wait_random,
-)
-
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
 from kubeplex.core.model.cluster import ClusterState, ErrorSink
 from kubeplex.core.model.errors import InvalidObject, KubeplexError, bare, clip, shown
@@ -76,6 +71,7 @@ from kubeplex.core.sources.kubeclient import (
     api_request,
     make_api_client,
 )
+from kubeplex.core.sources.reflector_backoff import ReflectorBackoff
 
 log = logging.getLogger(__name__)
 
@@ -461,7 +457,11 @@ class _Expired(Exception):
 
 
 class _WatchError(Exception):
-    """The server ended a watch with an ERROR event other than 410."""
+    """The server ended a watch with an ERROR event other than 410, or at once."""
+
+
+class _Refused(Exception):
+    """The server refused a watch (connection refused, 429): ask again, without a relist."""
 
 
 class _Stopped(Exception):
@@ -503,7 +503,6 @@ class _Resource:
     #: a list at resourceVersion 0 came in pages (no watch cache): relists are paged too
     paginated: bool = False
     watches: int = 0
-    healthy: bool = False
     last_error: str = ""
     response: Any = None
     thread: threading.Thread | None = None
@@ -821,6 +820,22 @@ def _iter_lines(resp: Any) -> Iterator[bytes]:
         yield tail
 
 
+def _connection_refused(err: BaseException) -> bool:
+    """ECONNREFUSED anywhere in the chain (urllib3 wraps it twice), as Go's
+    ``utilnet.IsConnectionRefused`` finds it: the server is down, the watch can wait for it."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, ConnectionRefusedError):
+            return True
+        seen.add(id(cause))
+        reason = getattr(cause, "reason", None)
+        cause = (
+            reason if isinstance(reason, BaseException) else cause.__cause__ or cause.__context__
+        )
+    return False
+
+
 def _describe(err: BaseException) -> str:
     if isinstance(err, ApiException):
         message = ""
@@ -897,6 +912,7 @@ class KubeApiSource:
         request_timeout: float = 60.0,
         label_selector: str = PROXY_LABEL_SELECTOR,
         missing_retry: float = 5 * 60.0,
+        backoff: Callable[[str], ReflectorBackoff] | None = None,
     ) -> None:
         self.api = api
         self.node_name = node_name
@@ -916,6 +932,10 @@ class KubeApiSource:
         self.request_timeout = request_timeout
         #: How long to wait before asking again for an optional resource the server lacks.
         self.missing_retry = missing_retry
+        #: Makes a resource's reflector backoff (tests give one a clock of their own).
+        self._new_backoff = backoff or (
+            lambda _: ReflectorBackoff(self.backoff_initial, self.backoff_max)
+        )
         self._resources = {
             SERVICES: _Resource(
                 SERVICES,
@@ -1063,28 +1083,31 @@ class KubeApiSource:
     # ------------------------------------------------------------------------- reflector
 
     def _run(self, r: _Resource) -> None:
+        """client-go's Reflector.Run: list-and-watch rounds; a round that ends otherwise than
+        for the periodic relist is followed by the next backoff step."""
+        backoff = self._new_backoff(r.name)
         while not self._stop.is_set():
-            retrying = Retrying(
-                retry=retry_if_exception(lambda e: not isinstance(e, (_Stopped, _Missing))),
-                wait=wait_exponential(multiplier=self.backoff_initial, max=self.backoff_max)
-                + wait_random(0, self.backoff_initial),
-                stop=lambda _: self._stop.is_set(),
-                sleep=self._sleep,
-                before_sleep=lambda state: self._log_retry(r, state),
-                retry_error_callback=lambda _: None,
-            )
             try:
-                retrying(self._cycle, r)
+                self._cycle(r, backoff)
+                continue  # the periodic relist is due now
             except _Stopped:
                 return
             except _Missing as err:
                 self._wait_missing(r, err)
-            except Exception:  # never let the thread die; tenacity re-raised something odd
-                log.exception("%s: list+watch loop failed", r.name)
-                self._stop.wait(self.backoff_max)
-
-    def _sleep(self, seconds: float) -> None:
-        self._stop.wait(seconds)
+                continue
+            except _Expired as err:
+                level, what = logging.INFO, f"watch expired ({err})"
+            except Exception as err:
+                if self._stop.is_set():
+                    return
+                r.last_error = _describe(err)
+                level, what = logging.WARNING, f"list/watch failed ({r.last_error})"
+            delay = backoff.step()
+            log.log(
+                level, "%s: %s; relisting in %.1fs, rules stay as they are", r.name, what, delay
+            )
+            if backoff.wait(self._stop, delay):
+                return
 
     def _wait_missing(self, r: _Resource, err: _Missing) -> None:
         """An optional resource the server or the role lacks: say so once, ask again later."""
@@ -1109,23 +1132,9 @@ class KubeApiSource:
                 )
         self._stop.wait(self.missing_retry)
 
-    def _log_retry(self, r: _Resource, state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        r.last_error = _describe(exc) if exc is not None else "unknown error"
-        sleep = state.next_action.sleep if state.next_action is not None else 0.0
-        log.warning(
-            "%s: list/watch failed (attempt %d), relisting in %.1fs; rules stay as they are: %s",
-            r.name,
-            state.attempt_number,
-            sleep,
-            r.last_error,
-        )
-
-    def _cycle(self, r: _Resource) -> None:
-        """List, apply, watch until a relist is needed. Returns normally when the next relist
-        may start at once (410, a periodic relist, or a watch that had been working); raises to
-        back off."""
-        r.healthy = False
+    def _cycle(self, r: _Resource, backoff: ReflectorBackoff) -> None:
+        """List, apply, then watch, again from the last resourceVersion after each clean end.
+        Returns when the periodic relist is due; raises when the round ended otherwise."""
         items, rv = self._list(r)
         count = len(items)
         self._replace(r, items, rv)
@@ -1143,21 +1152,16 @@ class KubeApiSource:
                 left = float("inf")
             try:
                 self._watch(r, left)
-            except _Expired as err:
-                log.info("%s: watch expired (%s): relisting", r.name, err)
-                return
-            except _Stopped:
-                raise
+            except _Refused as err:
+                r.last_error = str(err)
+                delay = backoff.step()
+                log.warning("%s: watch refused (%s); asking again in %.1fs", r.name, err, delay)
+                if backoff.wait(self._stop, delay):
+                    raise _Stopped() from err
             except Exception as err:
                 if self._stop.is_set():
                     raise _Stopped() from err
-                if not r.healthy:
-                    raise
-                r.last_error = _describe(err)
-                log.warning("%s: watch broke (%s): relisting", r.name, r.last_error)
-                # a little jitter, so a restarted API server is not relisted by all at once
-                self._stop.wait(random.uniform(0, self.backoff_initial))
-                return
+                raise
         raise _Stopped()
 
     def _get(self, r: _Resource, read_timeout: float, **params: Any) -> Any:
@@ -1321,6 +1325,8 @@ class KubeApiSource:
         timeout = max(1, int(min(seconds, max_seconds)))
         if not self.limiter.acquire(self._stop):
             raise _Stopped()
+        started = time.monotonic()
+        events = 0
         try:
             resp = self._get(
                 r,
@@ -1333,9 +1339,16 @@ class KubeApiSource:
         except ApiException as err:
             if err.status == 410:
                 raise _Expired(_describe(err)) from err
+            if err.status == 429:
+                raise _Refused(_describe(err)) from err
+            raise
+        except Exception as err:
+            if _connection_refused(err):
+                raise _Refused(_describe(err)) from err
             raise
         r.response = resp
         r.watches += 1
+        r.last_error = ""  # a watch refused before is answered now
         try:
             if self._stop.is_set():
                 raise _Stopped()
@@ -1343,12 +1356,14 @@ class KubeApiSource:
                 if self._stop.is_set():
                     raise _Stopped()
                 self._handle(r, json.loads(line))
-                r.healthy = True
-            r.healthy = True  # a clean end (timeoutSeconds) is a working watch too
+                events += 1
         finally:
             r.response = None
             with contextlib.suppress(Exception):
                 resp.release_conn()
+        if events == 0 and time.monotonic() - started < 1.0:
+            # client-go's: a server or proxy that closes every watch at once means a relist
+            raise _WatchError("very short watch: ended in less than a second without an event")
 
     def _handle(self, r: _Resource, event: Mapping[str, Any]) -> None:
         typ = event.get("type")
@@ -1360,6 +1375,8 @@ class KubeApiSource:
             message = clip(f"{obj.get('reason', '')}: {obj.get('message', '')}", LOG_TEXT_LIMIT)
             if code == 410 or obj.get("reason") in ("Expired", "Gone"):
                 raise _Expired(message)
+            if code == 429:
+                raise _Refused(f"HTTP 429 {message}")
             raise _WatchError(f"HTTP {code} {message}")
         rv = _rv_of(obj)
         if typ in ("ADDED", "MODIFIED"):

@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 
 JSONDict = dict[str, Any]
 DropMode = Literal["reset", "eof", "close"]
+#: How :meth:`FakeApiServer.break_watches` answers every new watch.
+WatchFault = Literal["expired", "garbage", "closed"]
 
 log = logging.getLogger(__name__)
 
@@ -866,6 +868,8 @@ class FakeApiServer:
         self._watches: dict[int, _Watch] = {}
         self._requests: deque[RequestRecord] = deque(maxlen=request_log_size)
         self._failures: list[_Failure] = []
+        #: (fault, resource type or None for all) set by break_watches
+        self._watch_fault: tuple[WatchFault, ResourceType | None] | None = None
         self._running = threading.Event()
         self._running.set()
         self._stopping = threading.Event()
@@ -1103,6 +1107,42 @@ class FakeApiServer:
                     w.q.put(("drop", mode))
                     n += 1
         return n
+
+    def break_watches(self, fault: WatchFault | None, resource: str | None = None) -> None:
+        """Answer every new watch (of ``resource``, default any) badly until called with None.
+
+        Each gets HTTP 200 and, before the end of the stream: for ``expired``, the ERROR event
+        the watch cache answers a resourceVersion from before its window with (Status 410
+        Expired ``too old resource version: N (M)``; a watch at "0" or none is served), as from
+        a server whose window was compacted past every resourceVersion it hands out; for
+        ``garbage``, a bookmark at the current revision (if allowed), then a line that is not
+        JSON, as a stream corrupted on the way; for ``closed``, nothing, as from a proxy in
+        front of the server that closes every watch at once."""
+        rt = self.resource_type(resource) if resource else None
+        with self._cond:
+            self._watch_fault = None if fault is None else (fault, rt)
+
+    def _broken_watch(self, rt: ResourceType, params: Mapping[str, str]) -> list[bytes] | None:
+        """The lines break_watches answers a watch of ``rt`` with; None: serve it."""
+        with self._cond:
+            if self._watch_fault is None:
+                return None
+            fault, only = self._watch_fault
+            current = self._rev
+        if only is not None and only != rt:
+            return None
+        if fault == "closed":
+            return []
+        if fault == "garbage":
+            lines = [b'{"type":"MODIFIED","object":{"metadata":\n']
+            if params.get("allowWatchBookmarks", "").lower() in ("true", "1"):
+                lines.insert(0, _event_line(_bookmark(rt, current)))
+            return lines
+        want = self._parse_rv(params.get("resourceVersion", "") or "0")
+        if want == 0:
+            return None
+        gone = expired(f"too old resource version: {want} ({current + 1})")
+        return [_event_line({"type": ERROR, "object": gone.status()})]
 
     def fail_next(
         self,
@@ -1824,6 +1864,11 @@ class FakeApiServer:
         return any((v, r) in authz for v in (attrs.verb, "*") for r in candidates)
 
 
+def _event_line(ev: JSONDict) -> bytes:
+    """A watch event as the server writes it: compact JSON, one line."""
+    return json.dumps(ev, separators=(",", ":")).encode() + b"\n"
+
+
 def _bookmark(rt: ResourceType, rv: int, annotations: Mapping[str, str] | None = None) -> JSONDict:
     meta: JSONDict = {"resourceVersion": str(rv)}
     if annotations:
@@ -2457,7 +2502,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
 
     def _write_event(self, ev: JSONDict) -> None:
-        self._write_chunk(json.dumps(ev, separators=(",", ":")).encode() + b"\n")
+        self._write_chunk(_event_line(ev))
 
     def _client_gone(self) -> bool:
         try:
@@ -2478,6 +2523,13 @@ class _Handler(BaseHTTPRequestHandler):
                 timeout = float(params["timeoutSeconds"])
             except ValueError:
                 raise bad_request("invalid timeoutSeconds") from None
+        broken = api._broken_watch(rt, params)
+        if broken is not None:
+            self._start_chunked()
+            for line in broken:
+                self._write_chunk(line)
+            self._write_chunk(b"")
+            return
         w, initial = api._open_watch(rt, ns, params)
         self._start_chunked()
         # A watch that ends with its last chunk leaves the connection open for the next
