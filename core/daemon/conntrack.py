@@ -26,7 +26,10 @@ successful sync kubeplex deletes:
 A sync without any of these (a periodic resync of an unchanged cluster, too) lists nothing.
 ``stale_flow_filters`` turns one sync's ``ProxyState`` into a ``CleanupPlan`` per family
 (pure); a ``ConntrackCleaner`` is the ``SyncListener`` that lists the table once per family
-and protocol and deletes the matching entries. It never shells out to ``conntrack``.
+and protocol and deletes the matching entries in batches (``ctnetlink``), as upstream 1.33's
+reconciler dumps the table once per sync and deletes what its filters match. It never shells
+out to ``conntrack``. In the daemon it runs off the sync loop, on a thread of its own: a
+cleanup of tens of thousands of entries never holds a Service change behind it.
 
 Refinements over upstream, all about not deleting live flows that are fine: an endpoint is
 matched on its port as well as its IP (a pod that serves on a new port loses the flows to the
@@ -37,16 +40,16 @@ association to an endpoint that left is as dead as a UDP flow to it.
 
 from __future__ import annotations
 
-import contextlib
-import ipaddress
 import logging
-import os
 import socket
+import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
+from kubeplex.core.daemon.coalescing_worker import CoalescingWorker
+from kubeplex.core.daemon.ctnetlink import Flow, NetlinkConntrack
 from kubeplex.core.dataplane.backend import SyncResult
 from kubeplex.core.model.graph import ChangeSet, ProxyState, ServiceGraph
 from kubeplex.core.model.types import IPFamily, ServicePort, ServicePortName
@@ -57,24 +60,7 @@ log = logging.getLogger(__name__)
 IPPROTO: dict[L4, int] = {L4.TCP: socket.IPPROTO_TCP, L4.UDP: socket.IPPROTO_UDP, L4.SCTP: 132}
 UDP = socket.IPPROTO_UDP
 SCTP = 132
-AF: dict[IPFamily, int] = {IPFamily.IPv4: socket.AF_INET, IPFamily.IPv6: socket.AF_INET6}
 CONNECTIONLESS = (L4.UDP, L4.SCTP)
-
-
-@dataclass(frozen=True, slots=True)
-class Flow:
-    """One conntrack entry: the original and the reply tuple (ports None for portless)."""
-
-    proto: int
-    orig_src: str
-    orig_dst: str
-    orig_sport: int | None
-    orig_dport: int | None
-    reply_src: str
-    reply_dst: str
-    reply_sport: int | None
-    reply_dport: int | None
-    zone: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,11 +122,23 @@ Frontend = tuple[int, str, int]
 @dataclass(frozen=True)
 class CleanupPlan:
     """What to delete in one family: ``filters``, and the Service IP frontends that live now
-    (a flow to one of them is never matched by a NodePort filter)."""
+    (a flow to one of them is never matched by a NodePort filter); ``graph`` is the one the
+    plan was made from (None: plans of several syncs merged)."""
 
     filters: tuple[StaleFilter, ...]
     frontends: frozenset[Frontend] = frozenset()
     full: bool = False
+    graph: ServiceGraph | None = None
+
+
+def merge_plans(waiting: CleanupPlan, newer: CleanupPlan) -> CleanupPlan:
+    """One plan for two syncs whose cleanups did not run yet: every filter of both. What the
+    older one's filters name that is live again by then is kept by ``LiveFlows``."""
+    return CleanupPlan(
+        tuple(dict.fromkeys((*waiting.filters, *newer.filters))),
+        waiting.frontends | newer.frontends,
+        waiting.full or newer.full,
+    )
 
 
 def _service_ips(svc: ServicePort) -> tuple[str, ...]:
@@ -204,6 +202,12 @@ def _stale_ip_filters(
             yield FlowFilter(proto, ip, reason=why, except_dports=kept)
 
 
+def _serving(graph: ServiceGraph, spn: ServicePortName) -> frozenset[tuple[str, int]]:
+    # Every serving endpoint, whatever the traffic policy or topology: a policy change must
+    # not move established flows (upstream does not look at them either).
+    return frozenset((ep.ip, ep.port) for ep in graph.endpoints_of(spn) if ep.serving)
+
+
 def _frontend_filters(
     graph: ServiceGraph, spn: ServicePortName, why: str
 ) -> Iterator[FrontendFilter]:
@@ -211,9 +215,7 @@ def _frontend_filters(
     if svc is None or svc.protocol not in CONNECTIONLESS:
         return
     proto = IPPROTO[svc.protocol]
-    # Every serving endpoint, whatever the traffic policy or topology: a policy change must
-    # not move established flows (upstream does not look at them either).
-    serving = frozenset((ep.ip, ep.port) for ep in graph.endpoints_of(spn) if ep.serving)
+    serving = _serving(graph, spn)
     for ip in _service_ips(svc):
         yield FrontendFilter(proto, ip, svc.port, serving, why)
     if svc.node_port:
@@ -259,7 +261,7 @@ def stale_flow_filters(
                 filters.extend(_frontend_filters(graph, spn, f"{spn} has endpoints again"))
         if filters:
             # The same filter from two causes: once.
-            out[family] = CleanupPlan(tuple(dict.fromkeys(filters)), frontends, full)
+            out[family] = CleanupPlan(tuple(dict.fromkeys(filters)), frontends, full, graph)
     return out
 
 
@@ -267,108 +269,46 @@ def stale_flow_filters(
 
 
 class ConntrackTable(Protocol):
-    """One IP family's conntrack table (netlink, or a fake in tests)."""
+    """One IP family's conntrack table (ctnetlink, or a fake in tests)."""
 
     def flows(self, proto: int) -> Iterable[Flow]: ...
 
-    def delete(self, flow: Flow) -> bool:
-        """Delete one entry; False if it was gone already."""
+    def delete(self, flows: Sequence[Flow]) -> int:
+        """Delete entries; how many were deleted (those gone already are not counted)."""
         ...
 
     def close(self) -> None: ...
 
 
+#: Opens the conntrack table of one family.
 TableFactory = Callable[[IPFamily], ConntrackTable]
 
 
-def _norm(ip: Any) -> str:
-    return str(ipaddress.ip_address(str(ip)))
+class LiveFlows:
+    """The flows a graph serves: to a Service IP frontend or a NodePort, DNATed to one of
+    that service port's serving endpoints. A cleanup that runs behind the syncs keeps them
+    whatever its (older) plan says: an endpoint may have come back since."""
 
+    def __init__(self, graph: ServiceGraph) -> None:
+        self.frontends: dict[Frontend, frozenset[tuple[str, int]]] = {}
+        self.node_ports: dict[tuple[int, int], frozenset[tuple[str, int]]] = {}
+        for spn, svc in graph.services.items():
+            if svc.protocol not in CONNECTIONLESS:
+                continue
+            proto = IPPROTO[svc.protocol]
+            serving = _serving(graph, spn)
+            for ip in _service_ips(svc):
+                self.frontends[(proto, ip, svc.port)] = serving
+            if svc.node_port:
+                self.node_ports[(proto, svc.node_port)] = serving
 
-class NetlinkConntrack:
-    """The conntrack table of one family over ctnetlink (pyroute2), in ``netns`` if given."""
-
-    def __init__(self, family: IPFamily, netns: str | None = None) -> None:
-        from pyroute2 import Conntrack
-
-        if netns is not None:
-            path = netns if "/" in netns else os.path.join("/run/netns", netns)
-            if not os.path.exists(path):
-                raise FileNotFoundError(f"no network namespace {netns!r}")
-        self.family = family
-        self.netns = netns
-        kwargs: dict[str, Any] = {"nfgen_family": AF[family]}
-        if netns is not None:
-            kwargs.update(netns=netns, flags=0)  # flags=0: never create the namespace
-        self._ct: Any = Conntrack(**kwargs)
-
-    def flows(self, proto: int) -> list[Flow]:
-        from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
-
-        try:
-            # Kernel-side filtering on the protocol (Linux >= 5.8) keeps a big table cheap.
-            msgs = list(self._ct.dump(tuple_orig=NFCTAttrTuple(AF[self.family], proto=proto)))
-        except Exception as err:
-            log.debug("filtered conntrack dump failed (%s); dumping everything", err)
-            msgs = list(self._ct.dump())
-        out = []
-        for msg in msgs:
-            flow = self._flow(msg)
-            if flow is not None and flow.proto == proto:
-                out.append(flow)
-        return out
-
-    def _flow(self, msg: Any) -> Flow | None:
-        suffix = "V4" if self.family is IPFamily.IPv4 else "V6"
-        try:
-            orig, reply = msg.get_attr("CTA_TUPLE_ORIG"), msg.get_attr("CTA_TUPLE_REPLY")
-            oip, oproto = orig.get_attr("CTA_TUPLE_IP"), orig.get_attr("CTA_TUPLE_PROTO")
-            rip, rproto = reply.get_attr("CTA_TUPLE_IP"), reply.get_attr("CTA_TUPLE_PROTO")
-            return Flow(
-                proto=int(oproto.get_attr("CTA_PROTO_NUM")),
-                orig_src=_norm(oip.get_attr(f"CTA_IP_{suffix}_SRC")),
-                orig_dst=_norm(oip.get_attr(f"CTA_IP_{suffix}_DST")),
-                orig_sport=oproto.get_attr("CTA_PROTO_SRC_PORT"),
-                orig_dport=oproto.get_attr("CTA_PROTO_DST_PORT"),
-                reply_src=_norm(rip.get_attr(f"CTA_IP_{suffix}_SRC")),
-                reply_dst=_norm(rip.get_attr(f"CTA_IP_{suffix}_DST")),
-                reply_sport=rproto.get_attr("CTA_PROTO_SRC_PORT"),
-                reply_dport=rproto.get_attr("CTA_PROTO_DST_PORT"),
-                zone=msg.get_attr("CTA_ZONE"),
-            )
-        except (AttributeError, TypeError, ValueError):
-            return None  # an entry without the parts a Service flow has
-
-    def delete(self, flow: Flow) -> bool:
-        from pyroute2.netlink.exceptions import NetlinkError
-        from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
-
-        orig = NFCTAttrTuple(
-            AF[self.family],
-            saddr=flow.orig_src,
-            daddr=flow.orig_dst,
-            proto=flow.proto,
-            sport=flow.orig_sport,
-            dport=flow.orig_dport,
-        )
-        extra = {"zone": flow.zone} if flow.zone else {}
-        try:
-            self._ct.entry("del", tuple_orig=orig, **extra)
-        except NetlinkError as err:
-            if err.code == 2:  # ENOENT: expired or deleted meanwhile
-                return False
-            raise
-        return True
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._ct.close()
-
-    def __enter__(self) -> NetlinkConntrack:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
+    def serves(self, flow: Flow) -> bool:
+        if flow.orig_dport is None or flow.reply_sport is None:
+            return False
+        serving = self.frontends.get((flow.proto, flow.orig_dst, flow.orig_dport))
+        if serving is None:  # not to a Service IP: to a NodePort on some address?
+            serving = self.node_ports.get((flow.proto, flow.orig_dport))
+        return serving is not None and (flow.reply_src, flow.reply_sport) in serving
 
 
 class _FilterIndex:
@@ -412,25 +352,33 @@ def clear_flows(
     table: ConntrackTable,
     filters: Iterable[StaleFilter],
     frontends: Collection[Frontend] = (),
+    live: Callable[[], LiveFlows | None] = lambda: None,
 ) -> int:
     """Delete every entry that matches a filter; returns how many were deleted.
 
-    The table is listed once per protocol the filters name; ``frontends`` are the live Service
-    IP frontends (see ``CleanupPlan``).
+    The table is listed once per protocol the filters name, and what matches is deleted in
+    one go; ``frontends`` are the live Service IP frontends (see ``CleanupPlan``). ``live``,
+    asked after each listing, gives the flows to keep whatever the filters say.
     """
     by_proto: dict[int, list[StaleFilter]] = {}
     for f in filters:
         by_proto.setdefault(f.proto, []).append(f)
     deleted = 0
+    debug = log.isEnabledFor(logging.DEBUG)
     for proto, group in sorted(by_proto.items()):
         index = _FilterIndex(group, [fe for fe in frontends if fe[0] == proto])
-        for flow in table.flows(proto):
+        listed = table.flows(proto)
+        keep = live()
+        stale = []
+        for flow in listed:
             hit = index.first_match(flow)
-            if hit is None:
+            if hit is None or (keep is not None and keep.serves(flow)):
                 continue
-            if table.delete(flow):
-                deleted += 1
-                log.debug("deleted conntrack entry %s (%s)", flow, hit.reason)
+            stale.append(flow)
+            if debug:
+                log.debug("deleting conntrack entry %s (%s)", flow, hit.reason)
+        if stale:
+            deleted += table.delete(stale)
     return deleted
 
 
@@ -444,9 +392,14 @@ class ConntrackCleaner:
     It keeps the graphs of the last sync it saw. Its first call reconciles every family fully,
     and so does the call after a family's cleanup failed, and a full sync whose UDP/SCTP
     Services or endpoints differ from those graphs (the syncs in between failed, and their
-    change sets are gone). ``enabled``
-    can be switched off (tests show what happens without it). Errors are logged, never
-    raised: a sync whose rules are in place has succeeded whatever conntrack says.
+    change sets are gone). ``enabled`` can be switched off (tests show what happens without
+    it). Errors are logged, never raised: a sync whose rules are in place has succeeded
+    whatever conntrack says.
+
+    With ``background`` the cleanups run on a thread of their own, one family after the
+    other, so the next sync never waits for one; a family's plan made while its last one
+    still waits is merged into it (``merge_plans``), and flows the newest graph serves are
+    kept (``LiveFlows``). ``wait_idle`` waits for them, ``close`` ends the thread.
     """
 
     def __init__(
@@ -456,14 +409,20 @@ class ConntrackCleaner:
         table_factory: TableFactory | None = None,
         on_cleaned: CleanupHook | None = None,
         enabled: bool = True,
+        background: bool = False,
     ) -> None:
         self.netns = netns
         self.enabled = enabled
         self._factory: TableFactory = table_factory or (lambda fam: NetlinkConntrack(fam, netns))
         self._on_cleaned = on_cleaned
-        #: The graphs of the last sync cleaned up after (a family whose cleanup failed is
-        #: left out: it is reconciled next time).
+        #: The graphs of the last sync planned for (a family whose cleanup failed is left
+        #: out: it is reconciled next time), and of the last sync seen; shared with the worker.
         self._seen: dict[IPFamily, ServiceGraph] = {}
+        self._latest: dict[IPFamily, ServiceGraph] = {}
+        self._lock = threading.Lock()
+        self._worker: CoalescingWorker[IPFamily, CleanupPlan] | None = None
+        if background:
+            self._worker = CoalescingWorker(self._run, merge_plans, name="kubeplex-conntrack")
         #: Entries deleted so far, per family (for logs and tests).
         self.deleted: dict[IPFamily, int] = {}
         self.errors = 0
@@ -471,18 +430,41 @@ class ConntrackCleaner:
     def __call__(self, state: ProxyState, result: SyncResult, elapsed: float) -> None:
         if not self.enabled:
             return
-        reconcile = set()
-        for family, graph in state.graphs.items():
-            seen = self._seen.get(family)
-            changes = state.changes.get(family)
-            full = changes is not None and changes.full
-            if seen is None or (full and connectionless_changed(seen, graph)):
-                reconcile.add(family)
-        plans = stale_flow_filters(state, reconcile, self._seen)
-        self._seen.update(state.graphs)
+        with self._lock:
+            reconcile = set()
+            for family, graph in state.graphs.items():
+                seen = self._seen.get(family)
+                changes = state.changes.get(family)
+                full = changes is not None and changes.full
+                if seen is None or (full and connectionless_changed(seen, graph)):
+                    reconcile.add(family)
+            plans = stale_flow_filters(state, reconcile, self._seen)
+            self._seen.update(state.graphs)
+            self._latest.update(state.graphs)
         for family, plan in plans.items():
-            if self.clean(family, plan) is None:
-                del self._seen[family]
+            if self._worker is None:
+                self._run(family, plan)
+            else:
+                self._worker.submit(family, plan)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait for the cleanups queued so far; False if ``timeout`` passed first."""
+        return self._worker is None or self._worker.wait_idle(timeout)
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+
+    def _run(self, family: IPFamily, plan: CleanupPlan) -> None:
+        if self.clean(family, plan) is None:
+            with self._lock:
+                self._seen.pop(family, None)
+
+    def _live(self, family: IPFamily, plan: CleanupPlan) -> LiveFlows | None:
+        """What to keep: the flows the newest graph serves, if the plan was made from another."""
+        with self._lock:
+            latest = self._latest.get(family)
+        return None if latest is None or latest is plan.graph else LiveFlows(latest)
 
     def clean(self, family: IPFamily, plan: CleanupPlan) -> int | None:
         """Apply one family's plan; the entries deleted, None if the cleanup failed."""
@@ -491,7 +473,9 @@ class ConntrackCleaner:
         try:
             table = self._factory(family)
             try:
-                deleted = clear_flows(table, plan.filters, plan.frontends)
+                deleted = clear_flows(
+                    table, plan.filters, plan.frontends, lambda: self._live(family, plan)
+                )
             finally:
                 table.close()
         except Exception as err:

@@ -6,9 +6,9 @@
 * ``/healthz`` + ``/livez`` on healthzBindAddress and ``/metrics`` on metricsBindAddress, and
   the health-check NodePorts of ``externalTrafficPolicy: Local`` Services, all served by one
   loop thread;
-* one SyncListener on the Proxier that, after every successful apply, clears stale conntrack
-  entries (if the backend ``uses_conntrack``), updates the metrics and the Service health
-  checks, and marks the rules fresh;
+* one SyncListener on the Proxier that, after every successful apply, hands the clearing of
+  stale conntrack entries to the cleaner's own thread (if the backend ``uses_conntrack``),
+  updates the metrics and the Service health checks, and marks the rules fresh;
 * ``Operations.sync`` wraps ``Proxier.sync`` for the runner: it also counts failed syncs and
   marks the rules stale when a sync fails or changes are waiting;
 * a poller (every ``poll_interval``) that publishes the pending change counts, marks the
@@ -140,6 +140,7 @@ class Operations:
             ("conntrack cleanup", self.conntrack),
             ("metrics", self.metrics.sync_listener),
             ("service health checks", self._sync_service_health),
+            ("services left out", self._left_out),
         ]
         for what, part in parts:
             try:
@@ -147,6 +148,11 @@ class Operations:
             except Exception:
                 log.exception("%s after a sync failed", what)
         self.health.updated(state.graphs.keys())
+
+    def _left_out(self, state: ProxyState, result: SyncResult, elapsed: float) -> None:
+        """Counted and listed in /healthz: the log alone alerts no one."""
+        self.metrics.left_out(result.failed)
+        self.health.not_programmed(result.failed)
 
     def _sync_service_health(self, state: ProxyState, result: SyncResult, elapsed: float) -> None:
         if self.service_health is not None:
@@ -257,6 +263,7 @@ class Operations:
             self.proxier.listeners.remove(self.listener)
         if self._poller is not None and self._poller is not threading.current_thread():
             self._poller.join(timeout=5)
+        self.conntrack.close()
         for closer in (self.service_health, self.healthz, self.metrics_server):
             if closer is not None:
                 try:
@@ -298,8 +305,12 @@ def start_operations(
     sync_period, _ = backend.sync_periods()
     health = ProxyHealth(2 * sync_period, node_eligible=lambda: not node_deleting(), clock=clock)
     metrics = metrics if metrics is not None else ProxyMetrics(backend, clock=clock)
+    # Off the sync loop where the process keeps running; ``--once`` cleans up before it exits.
     cleaner = ConntrackCleaner(
-        netns, on_cleaned=metrics.conntrack_cleaned, enabled=backend.uses_conntrack
+        netns,
+        on_cleaned=metrics.conntrack_cleaned,
+        enabled=backend.uses_conntrack,
+        background=serve,
     )
     ops = Operations(
         cfg,

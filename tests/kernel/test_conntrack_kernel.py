@@ -9,13 +9,17 @@ tests/unit/test_conntrack.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import subprocess
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from dataplane_kit import shared_dataplane
 
-from kubeplex.core.daemon.conntrack import UDP, ConntrackCleaner, NetlinkConntrack
+from kubeplex.core.daemon.conntrack import UDP, ConntrackCleaner
+from kubeplex.core.daemon.ctnetlink import BATCH, Flow, NetlinkConntrack
 from kubeplex.core.model.types import IPFamily
 from kubeplex.testing.dataplane import (
     DataplaneCluster,
@@ -225,3 +229,151 @@ def test_a_first_sync_clears_a_flow_blackholed_before_its_service_had_rules(
     dp.sync_or_raise()
     assert cleaners[NODE1].deleted[IPFamily.IPv4] == 1
     assert answers(dp, count=2) == [WEB_A] * 2
+
+
+# ----------------------------------------------------------------------- ctnetlink, in batches
+
+
+def tool_listing(run: Callable[[list[str]], str], family: str = "ipv4") -> dict[int, str]:
+    """The UDP entries as ``conntrack -L`` shows them, by id (the tool is the oracle)."""
+    out = run(["conntrack", "-L", "-f", family, "-p", "udp", "-o", "id"])
+    return {int(line.rsplit("id=", 1)[1]): line for line in out.splitlines() if " id=" in line}
+
+
+def in_scratch(netns: str) -> Callable[[list[str]], str]:
+    def run(argv: list[str]) -> str:
+        cmd = ["ip", "netns", "exec", netns, *argv]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+    return run
+
+
+def udp_flow(i: int, to: str, *, dst: str = VIP, zone: int | None = None) -> Flow:
+    """Client 10.244.0.3, source port 1024 + i, to ``dst``:53 DNATed to ``to``:8081."""
+    sport = 1024 + i
+    return Flow(UDP, "10.244.0.3", dst, sport, 53, to, "10.244.0.3", UDP_PORT, sport, zone)
+
+
+@pytest.mark.kernel
+def test_ctnetlink_lists_and_deletes_the_entries_the_conntrack_tool_sees(netns: str) -> None:
+    tool = in_scratch(netns)
+    made = [udp_flow(i, EP_A) for i in range(3 * BATCH + 5)]  # several batches
+    twin = replace(made[0], zone=7)  # the same tuple in another zone: another entry
+    with NetlinkConntrack(IPFamily.IPv4, netns) as table:
+        assert table.add([*made, twin], timeout=600) == len(made) + 1
+        assert table.add(made[:3], timeout=600) == 0  # there already
+        with NetlinkConntrack(IPFamily.IPv6, netns) as table6:
+            six = Flow(UDP, "fd00::3", "fd00:96::a", 1024, 53, "fd00:244::2", "fd00::3", 8081, 1024)
+            assert table6.add([six], timeout=600) == 1
+            assert [replace(f, ct_id=None) for f in table6.flows(UDP)] == [six]
+        listed = table.flows(UDP)
+        seen = tool_listing(tool)
+        assert sorted(f.ct_id for f in listed if f.ct_id is not None) == sorted(seen)
+        for f in listed:  # every field as the tool prints it
+            line = seen[f.ct_id or 0]
+            assert (
+                f"src={f.orig_src} dst={f.orig_dst} sport={f.orig_sport} dport={f.orig_dport} "
+                f"[UNREPLIED] src={f.reply_src} dst={f.reply_dst} sport={f.reply_sport} "
+                f"dport={f.reply_dport} "
+            ) in line
+            assert (f"zone={f.zone} " in line) == (f.zone is not None)
+        assert {replace(f, ct_id=None) for f in listed} == {*made, twin}
+
+        gone = [f for f in listed if f.zone is None][: 2 * BATCH]
+        assert table.delete(gone) == len(gone)
+        assert table.delete(gone[:3]) == 0  # deleted already: not counted
+        assert set(tool_listing(tool)) == set(seen) - {f.ct_id for f in gone}
+
+        # Deleted by id: the same tuple made again is another entry, which stays.
+        old = next(f for f in table.flows(UDP) if f.zone is None)
+        assert table.delete([old]) == 1
+        assert table.add([replace(old, ct_id=None)], timeout=600) == 1
+        assert table.delete([old]) == 0
+        again = [f for f in table.flows(UDP) if f.orig_sport == old.orig_sport and not f.zone]
+        assert len(again) == 1 and again[0].ct_id != old.ct_id
+
+
+# ------------------------------------------------------------- a big cleanup, off the sync loop
+
+
+class HeldAfterListing:
+    """The node's real table, whose first cleanup stops between listing and deleting until
+    ``go`` is set: a Service change is made while it is under way."""
+
+    def __init__(self, table: NetlinkConntrack, hold: threading.Event, go: threading.Event):
+        self.table, self.hold, self.go = table, hold, go
+
+    def flows(self, proto: int) -> list[Flow]:
+        listed = self.table.flows(proto)
+        if not self.hold.is_set():
+            self.hold.set()
+            self.go.wait(60)
+        return listed
+
+    def delete(self, flows: Sequence[Flow]) -> int:
+        return self.table.delete(flows)
+
+    def close(self) -> None:
+        self.table.close()
+
+
+STALE = 40_000
+
+
+@pytest.mark.kernel
+def test_a_service_change_is_programmed_while_a_big_cleanup_runs(dp: DataplaneCluster) -> None:
+    netns = dp.agent(NODE1).netns
+    node = in_scratch(netns)
+    ep_b, ep_c = PODS[WEB_B], PODS[WEB_C]
+    events: list[str] = []
+    listed, go = threading.Event(), threading.Event()
+    cleaner = ConntrackCleaner(
+        netns,
+        table_factory=lambda family: HeldAfterListing(NetlinkConntrack(family, netns), listed, go),
+        on_cleaned=lambda family, took, deleted: events.append(f"cleaned {deleted}"),
+        background=True,
+    )
+    dp.agent(NODE1).proxier.listeners.append(cleaner)
+    try:
+        dp.set(*dns(WEB_A, WEB_B, WEB_C))
+        dp.sync_or_raise()
+        go.set()  # (the first cleanup finds nothing to delete)
+        assert cleaner.wait_idle(60) and events == ["cleaned 0"]
+        listed.clear()
+        go.clear()
+
+        # Clients pinned to web-c (stale once it leaves), to web-a and web-b (live), and to
+        # an address that is no Service of ours.
+        to_c = [udp_flow(i, ep_c) for i in range(STALE)]
+        to_a = [udp_flow(STALE + i, EP_A) for i in range(500)]
+        to_b = [udp_flow(STALE + 500 + i, ep_b) for i in range(500)]
+        other = [udp_flow(i, "10.244.9.9", dst="10.96.0.99") for i in range(500)]
+        with NetlinkConntrack(IPFamily.IPv4, netns) as table:
+            assert table.add([*to_c, *to_a, *to_b, *other], timeout=600) == STALE + 1500
+        before = tool_listing(node)
+
+        dp.set(endpoint_slice("dns", dp_endpoints([WEB_A, WEB_B]), port=UDP_PORT,
+                              protocol="UDP"))  # fmt: skip
+        dp.sync_or_raise()
+        assert listed.wait(60)  # the cleanup of web-c's entries has listed them ...
+        # ... and, while it runs, a new Service and web-b's leaving are synced and programmed.
+        dp.set(
+            service("web2", "10.96.0.20", 80, target_port=8080),
+            endpoint_slice("web2", dp_endpoints([WEB_A])),
+            endpoint_slice("dns", dp_endpoints([WEB_A]), port=UDP_PORT, protocol="UDP"),
+        )
+        dp.sync_or_raise()
+        events.append("synced web2")
+        assert "default/web2" in node(["iptables-save", "-t", "nat"])
+        assert len(tool_listing(node)) == len(before)  # nothing deleted yet
+        go.set()
+        assert cleaner.wait_idle(60)
+    finally:
+        go.set()
+        cleaner.close()
+    assert events[1:] == ["synced web2", f"cleaned {STALE}", "cleaned 500"]
+    after = tool_listing(node)
+    kept = {i: line for i, line in before.items() if f"src={ep_c} " not in line}
+    kept = {i: line for i, line in kept.items() if f"src={ep_b} " not in line}
+    assert set(after) == set(kept)  # every stale entry gone, every live one the same entry
+    assert len(after) == len(to_a) + len(other) and cleaner.errors == 0

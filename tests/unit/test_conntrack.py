@@ -3,7 +3,8 @@ a table's clearing deletes (tests/kernel/test_conntrack_kernel.py sends real UDP
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pytest
@@ -12,13 +13,13 @@ from kubeplex.core.daemon.conntrack import (
     SCTP,
     UDP,
     ConntrackCleaner,
-    Flow,
     FlowFilter,
     FrontendFilter,
-    NetlinkConntrack,
+    LiveFlows,
     clear_flows,
     stale_flow_filters,
 )
+from kubeplex.core.daemon.ctnetlink import Flow, NetlinkConntrack
 from kubeplex.core.dataplane.backend import SyncResult
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.types import IPFamily
@@ -159,17 +160,18 @@ class FakeTable:
         self.gone = set(gone)
         self.deleted: list[Flow] = []
         self.listed: list[int] = []
+        self.batches: list[int] = []
         self.closed = False
 
     def flows(self, proto: int) -> list[Flow]:
         self.listed.append(proto)
         return [f for f in self.flows_ if f.proto == proto]
 
-    def delete(self, flow: Flow) -> bool:
-        if flow in self.gone:
-            return False
-        self.deleted.append(flow)
-        return True
+    def delete(self, flows: Sequence[Flow]) -> int:
+        self.batches.append(len(flows))
+        done = [f for f in flows if f not in self.gone]
+        self.deleted.extend(done)
+        return len(done)
 
     def close(self) -> None:
         self.closed = True
@@ -341,3 +343,118 @@ def test_cleaner_reports_per_family_and_survives_a_broken_table() -> None:
 def test_netlink_table_refuses_a_missing_namespace() -> None:
     with pytest.raises(FileNotFoundError, match="no network namespace"):
         NetlinkConntrack(IPFamily.IPv4, "kpx-no-such-ns")
+
+
+def test_clear_flows_deletes_what_a_listing_matches_in_one_go() -> None:
+    stale = [flow(VIP, EP_B, rport=8081 + i) for i in range(5)]
+    table = FakeTable([flow(VIP, EP_A), *stale, flow(VIP, EP_B, proto=SCTP)])
+    filters = [FrontendFilter(UDP, VIP, 53, frozenset({(EP_A, 8081)}))]
+    assert clear_flows(table, filters) == 5
+    assert table.batches == [5]  # one request for the lot, not one per entry
+
+
+# ------------------------------------------------------------------ cleaning off the sync loop
+
+
+class Conntrack:
+    """One table every opened ``FakeTable`` reads and deletes from (the kernel's, in short);
+    a listing can be held until the test lets it go."""
+
+    def __init__(self, flows: Iterable[Flow]) -> None:
+        self.flows = list(flows)
+        self.listing = threading.Event()
+        self.go = threading.Event()
+        self.held_too_long = False
+        self.opened = 0
+
+    def open(self, family: IPFamily) -> SharedTable:
+        self.opened += 1
+        return SharedTable(self)
+
+
+class SharedTable(FakeTable):
+    def __init__(self, kernel: Conntrack) -> None:
+        super().__init__(kernel.flows)
+        self.kernel = kernel
+
+    def flows(self, proto: int) -> list[Flow]:
+        self.kernel.listing.set()
+        if not self.kernel.go.wait(10):
+            self.kernel.held_too_long = True
+        return super().flows(proto)
+
+    def delete(self, flows: Sequence[Flow]) -> int:
+        done = super().delete(flows)
+        self.kernel.flows = [f for f in self.kernel.flows if f not in flows]
+        return done
+
+
+def test_a_background_cleaner_never_holds_a_sync_and_folds_waiting_plans_into_one() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(dns_slice(EP_A, EP_B))
+    ep_c = "10.244.2.9"
+    to_a, to_b, to_c, blackholed = flow(VIP, EP_A), flow(VIP, EP_B), flow(VIP, ep_c), flow(VIP, VIP)
+    kernel = Conntrack([to_a, to_b, to_c, blackholed])
+    cleaner = ConntrackCleaner(table_factory=kernel.open, background=True)
+    try:
+        cleaner(state.checkout(full=True), SyncResult(full=True), 0.0)
+        assert kernel.listing.wait(5)  # the first (full) cleanup is listing the table, held
+        state.set_endpoint_slice(dns_slice(EP_A))  # B leaves: its flows are stale ...
+        cleaner(state.checkout(), SyncResult(full=False), 0.0)
+        state.set_endpoint_slice(dns_slice(EP_B, ep_c))  # ... but it is back, A and C leave
+        cleaner(state.checkout(), SyncResult(full=False), 0.0)
+        # Both syncs returned while the first cleanup was held; the second plan waits, and
+        # the third was folded into it.
+        assert kernel.opened == 1 and cleaner._worker is not None
+        assert cleaner._worker.merged == 1
+        kernel.go.set()
+        assert cleaner.wait_idle(5)
+    finally:
+        kernel.go.set()
+        cleaner.close()
+    assert not kernel.held_too_long
+    assert kernel.opened == 2  # the held cleanup, and one for the two syncs behind it
+    # The blackholed flow went at once, A's after A left. The first plan named C's flow
+    # stale, the second B's, but both serve when the cleanups run: their flows stay.
+    assert kernel.flows == [to_b, to_c]
+    assert cleaner.deleted == {IPFamily.IPv4: 2} and cleaner.errors == 0
+
+
+def test_a_failed_background_cleanup_makes_the_next_one_a_full_reconciliation() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())
+    state.set_endpoint_slice(dns_slice(EP_A))
+    fail = [True]
+    tables: list[FakeTable] = []
+
+    def factory(family: IPFamily) -> FakeTable:
+        if fail[0]:
+            raise PermissionError("netlink: operation not permitted")
+        tables.append(FakeTable([flow(VIP, EP_B)]))
+        return tables[-1]
+
+    cleaner = ConntrackCleaner(table_factory=factory, background=True)
+    try:
+        cleaner(state.checkout(full=True), SyncResult(full=True), 0.0)
+        assert cleaner.wait_idle(5) and cleaner.errors == 1
+        fail[0] = False
+        state.set_service(service("web", "10.96.0.12", 80))  # nothing stale by itself
+        cleaner(state.checkout(), SyncResult(full=False), 0.0)
+        assert cleaner.wait_idle(5)
+    finally:
+        cleaner.close()
+    assert [t.deleted for t in tables] == [[flow(VIP, EP_B)]]
+
+
+def test_live_flows_judge_a_service_ip_by_its_own_frontend_not_a_node_port() -> None:
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(udp_service())  # NodePort 30053
+    state.set_endpoint_slice(dns_slice(EP_A))
+    state.set_service(service("metrics", "10.96.0.11", 30053, protocol="UDP"))  # no endpoints
+    live = LiveFlows(state.checkout(full=True).graphs[IPFamily.IPv4])
+    assert live.serves(flow(VIP, EP_A)) and live.serves(flow("192.0.2.1", EP_A))
+    assert live.serves(nodeport_flow(EP_A))
+    assert not live.serves(flow(VIP, EP_B)) and not live.serves(flow(VIP, EP_A, rport=9000))
+    assert not live.serves(flow("10.96.0.11", EP_A, dport=30053))  # not dns' NodePort
+    assert not live.serves(flow(VIP, EP_A, proto=SCTP))

@@ -1,0 +1,401 @@
+"""The conntrack table over ctnetlink: one dump per protocol, deletions in pipelined batches.
+
+pyroute2's Conntrack builds an object tree per message and waits for an answer per request:
+about 0.7 ms an entry to list and as much to delete, so 40,000 stale entries held a cleanup
+for tens of seconds. Here the few attributes a cleanup reads are decoded straight from the
+dump, and the deletions are encoded once and sent ``BATCH`` to a write: the kernel answers
+only the ones that fail, and the last one of each batch, which asks for an acknowledgement,
+says that all before it were handled (a netlink socket handles a write's messages in order).
+Each deletion names the entry's ``CTA_ID`` as well as its tuple, as upstream's do (they
+send the dumped entry back): an entry that expired and came back as a new flow with the same
+tuple is refused with ``ENOENT`` instead of deleted.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import socket
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kubeplex.core.dataplane.netns import NETNS_DIR, run_in_netns
+from kubeplex.core.model.types import IPFamily
+
+__all__ = [
+    "BATCH",
+    "ConntrackError",
+    "Flow",
+    "NetlinkConntrack",
+    "delete_message",
+    "dump_message",
+    "new_message",
+    "parse_dump",
+]
+
+AF: dict[IPFamily, int] = {IPFamily.IPv4: socket.AF_INET, IPFamily.IPv6: socket.AF_INET6}
+NETLINK_NETFILTER = 12
+#: Deletions per write: the failures a batch can draw (each an skb of under 1 KiB) must fit
+#: the socket's default receive buffer (208 KiB), or the kernel drops answers.
+BATCH = 128
+
+# linux/netlink.h, linux/netfilter/nfnetlink.h, nfnetlink_conntrack.h
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
+_NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_DUMP = 0x1, 0x4, 0x300
+_NLM_F_EXCL, _NLM_F_CREATE = 0x200, 0x400
+_SOL_NETLINK, _NETLINK_CAP_ACK = 270, 10
+_CT_NEW = 1 << 8 | 0  # NFNL_SUBSYS_CTNETLINK << 8 | IPCTNL_MSG_CT_NEW (a dump's entries too)
+_CT_GET = 1 << 8 | 1
+_CT_DELETE = 1 << 8 | 2
+_CTA_TUPLE_ORIG, _CTA_TUPLE_REPLY, _CTA_TIMEOUT, _CTA_ID, _CTA_ZONE = 1, 2, 7, 12, 18
+_CTA_FILTER = 25
+_CTA_TUPLE_IP, _CTA_TUPLE_PROTO = 1, 2
+_CTA_IP_V4_SRC, _CTA_IP_V4_DST, _CTA_IP_V6_SRC, _CTA_IP_V6_DST = 1, 2, 3, 4
+_CTA_PROTO_NUM, _CTA_PROTO_SRC_PORT, _CTA_PROTO_DST_PORT = 1, 2, 3
+_CTA_FILTER_ORIG_FLAGS = 1
+_CTA_FILTER_FLAG_PROTO_NUM = 1 << 3
+_NLA_F_NESTED = 0x8000
+_NLA_TYPE_MASK = 0x3FFF
+
+_HEADER = struct.Struct("=IHHII")
+_NFGEN = struct.Struct("=BBH")
+_NLA = struct.Struct("=HH")
+_BE16 = struct.Struct(">H")
+_BE32 = struct.Struct(">I")
+_ERRNO = struct.Struct("=i")
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """One conntrack entry: the original and the reply tuple (ports None for portless);
+    ``ct_id`` is the kernel's id of the entry (None: delete whichever has the tuple)."""
+
+    proto: int
+    orig_src: str
+    orig_dst: str
+    orig_sport: int | None
+    orig_dport: int | None
+    reply_src: str
+    reply_dst: str
+    reply_sport: int | None
+    reply_dport: int | None
+    zone: int | None = None
+    ct_id: int | None = None
+
+
+class ConntrackError(OSError):
+    """The kernel refused a conntrack request (or answered in a way we do not read)."""
+
+
+# ------------------------------------------------------------------------------- encoding
+
+
+def _attr(kind: int, payload: bytes) -> bytes:
+    return _NLA.pack(4 + len(payload), kind) + payload + b"\0" * (-len(payload) % 4)
+
+
+def _nested(kind: int, *parts: bytes) -> bytes:
+    return _attr(kind | _NLA_F_NESTED, b"".join(parts))
+
+
+def _message(kind: int, flags: int, seq: int, family: int, attrs: bytes) -> bytes:
+    body = _NFGEN.pack(family, 0, 0) + attrs  # nfgenmsg: family, NFNETLINK_V0, res_id
+    return _HEADER.pack(16 + len(body), kind, flags, seq, 0) + body
+
+
+def _tuple(
+    family: int, src: str, dst: str, proto: int, sport: int | None, dport: int | None
+) -> bytes:
+    v4 = family == socket.AF_INET
+    ip = _nested(
+        _CTA_TUPLE_IP,
+        _attr(_CTA_IP_V4_SRC if v4 else _CTA_IP_V6_SRC, socket.inet_pton(family, src)),
+        _attr(_CTA_IP_V4_DST if v4 else _CTA_IP_V6_DST, socket.inet_pton(family, dst)),
+    )
+    ports = b""
+    if sport is not None:
+        ports += _attr(_CTA_PROTO_SRC_PORT, _BE16.pack(sport))
+    if dport is not None:
+        ports += _attr(_CTA_PROTO_DST_PORT, _BE16.pack(dport))
+    return ip + _nested(_CTA_TUPLE_PROTO, _attr(_CTA_PROTO_NUM, bytes((proto,))), ports)
+
+
+def delete_message(seq: int, family: int, flow: Flow, *, ack: bool) -> bytes:
+    """IPCTNL_MSG_CT_DELETE of one entry, by its original tuple, zone and id."""
+    attrs = _nested(
+        _CTA_TUPLE_ORIG,
+        _tuple(family, flow.orig_src, flow.orig_dst, flow.proto, flow.orig_sport, flow.orig_dport),
+    )
+    if flow.zone:
+        attrs += _attr(_CTA_ZONE, _BE16.pack(flow.zone))
+    if flow.ct_id is not None:
+        attrs += _attr(_CTA_ID, _BE32.pack(flow.ct_id))
+    flags = _NLM_F_REQUEST | (_NLM_F_ACK if ack else 0)
+    return _message(_CT_DELETE, flags, seq, family, attrs)
+
+
+def new_message(seq: int, family: int, flow: Flow, timeout: int, *, ack: bool) -> bytes:
+    """IPCTNL_MSG_CT_NEW of one entry with both its tuples (the reply says where it was
+    NATed to), as ``conntrack -I`` makes it."""
+    attrs = (
+        _nested(
+            _CTA_TUPLE_ORIG,
+            _tuple(
+                family, flow.orig_src, flow.orig_dst, flow.proto, flow.orig_sport, flow.orig_dport
+            ),
+        )
+        + _nested(
+            _CTA_TUPLE_REPLY,
+            _tuple(
+                family,
+                flow.reply_src,
+                flow.reply_dst,
+                flow.proto,
+                flow.reply_sport,
+                flow.reply_dport,
+            ),
+        )
+        + _attr(_CTA_TIMEOUT, _BE32.pack(timeout))
+    )
+    if flow.zone:
+        attrs += _attr(_CTA_ZONE, _BE16.pack(flow.zone))
+    flags = _NLM_F_REQUEST | _NLM_F_CREATE | _NLM_F_EXCL | (_NLM_F_ACK if ack else 0)
+    return _message(_CT_NEW, flags, seq, family, attrs)
+
+
+def dump_message(seq: int, family: int, proto: int | None) -> bytes:
+    """IPCTNL_MSG_CT_GET dump of one family, filtered by the kernel on ``proto`` if given
+    (CTA_FILTER, Linux >= 5.8)."""
+    attrs = b""
+    if proto is not None:
+        attrs = _nested(
+            _CTA_TUPLE_ORIG, _nested(_CTA_TUPLE_PROTO, _attr(_CTA_PROTO_NUM, bytes((proto,))))
+        ) + _nested(
+            _CTA_FILTER,
+            _attr(_CTA_FILTER_ORIG_FLAGS, struct.pack("=I", _CTA_FILTER_FLAG_PROTO_NUM)),
+        )
+    return _message(_CT_GET, _NLM_F_REQUEST | _NLM_F_DUMP, seq, family, attrs)
+
+
+# ------------------------------------------------------------------------------- decoding
+
+#: A tuple as decoded: (src, dst, proto, sport, dport); None where the kernel sent nothing.
+_Tuple = tuple[str | None, str | None, int | None, int | None, int | None]
+
+
+def _decode_tuple(buf: bytes, pos: int, end: int, names: dict[bytes, str]) -> _Tuple:
+    src = dst = None
+    proto = sport = dport = None
+    while pos + 4 <= end:
+        size, kind = _NLA.unpack_from(buf, pos)
+        if size < 4:
+            break
+        kind &= _NLA_TYPE_MASK
+        inner, inner_end = pos + 4, pos + size
+        if kind == _CTA_TUPLE_IP:
+            while inner + 4 <= inner_end:
+                isize, ikind = _NLA.unpack_from(buf, inner)
+                if isize < 4:
+                    break
+                raw = buf[inner + 4 : inner + isize]
+                name = names.get(raw)
+                if name is None:
+                    # str(ip_address) is the model's spelling of an address (IPv6 compressed).
+                    name = names[raw] = str(ipaddress.ip_address(raw))
+                ikind &= _NLA_TYPE_MASK
+                if ikind in (_CTA_IP_V4_SRC, _CTA_IP_V6_SRC):
+                    src = name
+                elif ikind in (_CTA_IP_V4_DST, _CTA_IP_V6_DST):
+                    dst = name
+                inner += (isize + 3) & ~3
+        elif kind == _CTA_TUPLE_PROTO:
+            while inner + 4 <= inner_end:
+                isize, ikind = _NLA.unpack_from(buf, inner)
+                if isize < 4:
+                    break
+                ikind &= _NLA_TYPE_MASK
+                if ikind == _CTA_PROTO_NUM:
+                    proto = buf[inner + 4]
+                elif ikind == _CTA_PROTO_SRC_PORT:
+                    sport = _BE16.unpack_from(buf, inner + 4)[0]
+                elif ikind == _CTA_PROTO_DST_PORT:
+                    dport = _BE16.unpack_from(buf, inner + 4)[0]
+                inner += (isize + 3) & ~3
+        pos += (size + 3) & ~3
+    return src, dst, proto, sport, dport
+
+
+def _decode_entry(buf: bytes, pos: int, end: int, names: dict[bytes, str]) -> Flow | None:
+    orig = reply = None
+    zone = ct_id = None
+    pos += _NFGEN.size
+    while pos + 4 <= end:
+        size, kind = _NLA.unpack_from(buf, pos)
+        if size < 4:
+            break
+        kind &= _NLA_TYPE_MASK
+        if kind == _CTA_TUPLE_ORIG:
+            orig = _decode_tuple(buf, pos + 4, pos + size, names)
+        elif kind == _CTA_TUPLE_REPLY:
+            reply = _decode_tuple(buf, pos + 4, pos + size, names)
+        elif kind == _CTA_ID and size >= 8:
+            ct_id = _BE32.unpack_from(buf, pos + 4)[0]
+        elif kind == _CTA_ZONE and size >= 6:
+            zone = _BE16.unpack_from(buf, pos + 4)[0]
+        pos += (size + 3) & ~3
+    if orig is None or reply is None:
+        return None
+    (osrc, odst, proto, osport, odport), (rsrc, rdst, _, rsport, rdport) = orig, reply
+    if osrc is None or odst is None or rsrc is None or rdst is None or proto is None:
+        return None  # an entry without the parts a Service flow has
+    return Flow(proto, osrc, odst, osport, odport, rsrc, rdst, rsport, rdport, zone, ct_id)
+
+
+def parse_dump(data: bytes, seq: int, flows: list[Flow], names: dict[bytes, str]) -> bool:
+    """Add the entries of one read of dump ``seq`` to ``flows``; True once the dump ended.
+    ``names`` caches the spelling of addresses across reads (a table repeats few)."""
+    pos = 0
+    while pos + 16 <= len(data):
+        size, kind, _flags, got, _pid = _HEADER.unpack_from(data, pos)
+        if size < 16:
+            raise ConntrackError(errno.EPROTO, "conntrack dump: a message shorter than its header")
+        end = pos + size
+        if got == seq:
+            if kind == _NLMSG_DONE:
+                return True
+            if kind == _NLMSG_ERROR:
+                (code,) = _ERRNO.unpack_from(data, pos + 16)
+                if code:
+                    raise ConntrackError(-code, f"conntrack dump: {os.strerror(-code)}")
+                return True
+            if kind == _CT_NEW:
+                flow = _decode_entry(data, pos + 16, end, names)
+                if flow is not None:
+                    flows.append(flow)
+        pos += (size + 3) & ~3
+    return False
+
+
+# ---------------------------------------------------------------------------------- the table
+
+
+def _open_socket(netns: str | None) -> socket.socket:
+    def make() -> socket.socket:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+        try:
+            sock.bind((0, 0))
+            # Failures come back with the failed request's header only, not all of it.
+            sock.setsockopt(_SOL_NETLINK, _NETLINK_CAP_ACK, 1)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    return make() if netns is None else run_in_netns(netns, make)
+
+
+class NetlinkConntrack:
+    """The conntrack table of one family over ctnetlink, in ``netns`` if given."""
+
+    #: A dump read and a batch's answers come within this, or the kernel is not answering.
+    TIMEOUT = 30.0
+
+    def __init__(self, family: IPFamily, netns: str | None = None) -> None:
+        if netns is not None:
+            path = netns if "/" in netns else os.path.join(NETNS_DIR, netns)
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"no network namespace {netns!r}")
+        self.family = family
+        self.netns = netns
+        self._af = AF[family]
+        self._sock = _open_socket(netns)
+        self._sock.settimeout(self.TIMEOUT)
+        self._seq = 0
+        self._buf = bytearray(1 << 18)
+
+    def _next_seq(self, count: int = 1) -> int:
+        first = self._seq + 1
+        self._seq += count
+        return first
+
+    def flows(self, proto: int) -> list[Flow]:
+        """The entries of protocol ``proto``, one dump."""
+        try:
+            flows = self._dump(proto)
+        except ConntrackError as err:
+            if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            flows = self._dump(None)  # a kernel without dump filters (before 5.8)
+        return [f for f in flows if f.proto == proto]
+
+    def _dump(self, proto: int | None) -> list[Flow]:
+        seq = self._next_seq()
+        self._sock.send(dump_message(seq, self._af, proto))
+        flows: list[Flow] = []
+        names: dict[bytes, str] = {}
+        view = memoryview(self._buf)
+        while True:
+            n = self._sock.recv_into(self._buf)
+            if parse_dump(bytes(view[:n]), seq, flows, names):
+                return flows
+
+    def delete(self, flows: Sequence[Flow]) -> int:
+        """Delete ``flows``; how many were deleted (an entry gone already is not counted)."""
+        return self._batched(
+            flows, errno.ENOENT, lambda seq, flow, ack: delete_message(seq, self._af, flow, ack=ack)
+        )
+
+    def add(self, flows: Sequence[Flow], timeout: int) -> int:
+        """Create ``flows`` as ``conntrack -I`` does (tests and benchmarks fill tables so);
+        how many were created (one that exists already is not counted)."""
+        return self._batched(
+            flows,
+            errno.EEXIST,
+            lambda seq, flow, ack: new_message(seq, self._af, flow, timeout, ack=ack),
+        )
+
+    def _batched(
+        self, flows: Sequence[Flow], expected: int, encode: Callable[[int, Flow, bool], bytes]
+    ) -> int:
+        """Send one request per flow, ``BATCH`` to a write; how many succeeded (failures with
+        errno ``expected`` are not counted, any other stops with an error)."""
+        done = 0
+        for start in range(0, len(flows), BATCH):
+            batch = flows[start : start + BATCH]
+            first = self._next_seq(len(batch))
+            last = first + len(batch) - 1
+            self._sock.send(
+                b"".join(encode(first + i, flow, first + i == last) for i, flow in enumerate(batch))
+            )
+            done += len(batch) - self._failures(first, last, expected)
+        return done
+
+    def _failures(self, first: int, last: int, expected: int) -> int:
+        """Read a batch's answers up to the last one's; how many failed with ``expected``."""
+        failed = 0
+        while True:
+            n = self._sock.recv_into(self._buf)
+            pos = 0
+            while pos + 20 <= n:
+                size, kind, _flags, seq, _pid = _HEADER.unpack_from(self._buf, pos)
+                (code,) = _ERRNO.unpack_from(self._buf, pos + 16)
+                pos += max((size + 3) & ~3, 16)
+                if kind != _NLMSG_ERROR or not first <= seq <= last:
+                    continue  # (an earlier request's late answer)
+                if code == -expected:
+                    failed += 1
+                elif code:
+                    raise ConntrackError(-code, f"conntrack request: {os.strerror(-code)}")
+                if seq == last:
+                    return failed
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> NetlinkConntrack:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
