@@ -65,6 +65,17 @@ def add_common_options(p: argparse.ArgumentParser, config_required: bool = False
     add_plugins_option(p)
 
 
+def add_master_option(p: argparse.ArgumentParser) -> None:
+    """kube-proxy's ``--master``: where the API server is, for a node whose pods cannot reach
+    it through the ``kubernetes`` Service yet (no proxy has programmed it)."""
+    p.add_argument(
+        "--master",
+        metavar="URL",
+        help="The address of the Kubernetes API server (overrides any value in kubeconfig); "
+        "without a kubeconfig, a pod's service account is sent to it",
+    )
+
+
 def add_verbosity_option(p: argparse.ArgumentParser) -> None:
     # None when not given: then the configuration's logging.verbosity applies, as upstream.
     p.add_argument(

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
-import tempfile
 import threading
 import time
 from dataclasses import replace
@@ -24,6 +22,7 @@ from kubeplex.core.cli.options import (
     EXIT_SYNC_FAILED,
     Subparsers,
     add_common_options,
+    add_master_option,
     load_effective_config,
     node_name,
 )
@@ -61,6 +60,7 @@ def add_parser(sub: Subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--kubeconfig", type=Path, help="kubeconfig file (overrides clientConnection.kubeconfig)"
     )
+    add_master_option(p)
     return p
 
 
@@ -77,62 +77,41 @@ def _api_source(cfg: KubeProxyConfiguration, master: str) -> KubeApiSource:
     # Imported here: the kubernetes client is only needed (and paid for) without --manifests.
     from kubeplex.core.sources.kubeapi import KubeApiSource
 
-    if not master:
-        return KubeApiSource.from_config(cfg, node_name(cfg))
-    cc = cfg.client_connection
-    if cc.kubeconfig or os.environ.get("KUBERNETES_SERVICE_HOST"):
-        source = KubeApiSource.from_config(cfg, node_name(cfg))
-    else:
-        # The master URL alone, no credentials, as client-go does with an empty kubeconfig.
-        with tempfile.TemporaryDirectory() as tmp:
-            bare = Path(tmp, "kubeconfig")
-            bare.write_text(_bare_kubeconfig(master), encoding="utf-8")
-            cfg = replace(cfg, client_connection=replace(cc, kubeconfig=str(bare)))
-            source = KubeApiSource.from_config(cfg, node_name(cfg))
-    # --master overrides the server of the kubeconfig (or of the service account).
-    source.api.configuration.host = master.rstrip("/")
-    return source
-
-
-def _bare_kubeconfig(server: str) -> str:
-    import json
-
-    return json.dumps(
-        {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "master", "cluster": {"server": server}}],
-            "users": [{"name": "none", "user": {}}],
-            "contexts": [{"name": "master", "context": {"cluster": "master", "user": "none"}}],
-            "current-context": "master",
-        }
-    )
+    return KubeApiSource.from_config(cfg, node_name(cfg), master=master)
 
 
 def _wait_for_api_sync(source: KubeApiSource, once: bool, stop: threading.Event) -> bool:
     """Wait until Services, EndpointSlices and the Node are listed; nothing is programmed
     before (a half-listed cluster would delete the rules of every Service not listed yet).
-    A daemon waits forever and says so; ``--once`` gives up after ONCE_SYNC_TIMEOUT."""
+    A daemon waits forever and says so; ``--once`` gives up after ONCE_SYNC_TIMEOUT.
+    Where the address is the ``kubernetes`` Service, which no proxy serves yet on a cluster
+    without one, the lines say what to set instead."""
+    from kubeplex.core.sources.api_address import kubernetes_service_hint
+
+    hint = kubernetes_service_hint(source.host)
+    hint = f"; {hint}" if hint else ""
     started = time.monotonic()
     while not stop.is_set():
         left = ONCE_SYNC_TIMEOUT - (time.monotonic() - started) if once else float("inf")
         if left <= 0:
             log.error(
                 "no initial sync from the Kubernetes API at %s within %.0fs (%s): giving up, "
-                "nothing was programmed",
+                "nothing was programmed%s",
                 source.host,
                 ONCE_SYNC_TIMEOUT,
                 source.last_error or "no answer",
+                hint,
             )
             return False
         if source.wait_for_initial_sync(min(left, SYNC_WAIT_LOG_INTERVAL)):
             return True
         log.warning(
             "waiting for the Kubernetes API at %s: initial list of %s not complete yet (%s); "
-            "nothing is programmed until it is",
+            "nothing is programmed until it is%s",
             source.host,
             ", ".join(source.pending),
             source.last_error or "no answer yet",
+            hint,
         )
     return False
 
@@ -175,7 +154,14 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(
             cfg, client_connection=replace(cfg.client_connection, kubeconfig=str(args.kubeconfig))
         )
-    return serve(cfg, manifests=args.manifests, once=args.once, netns=args.netns, watch=watch)
+    return serve(
+        cfg,
+        manifests=args.manifests,
+        once=args.once,
+        netns=args.netns,
+        watch=watch,
+        master=args.master or "",
+    )
 
 
 def serve(

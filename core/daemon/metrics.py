@@ -214,6 +214,18 @@ class ProxyMetrics:
         self.proxy_livez_total = Counter(
             name("proxy_livez_total"), "Cumulative proxy livez HTTP status", ["code"], registry=reg
         )
+        # kubeplex's own: upstream fails a whole sync where kubeplex leaves one Service out.
+        self.services_not_programmed = Gauge(
+            "kubeplex_sync_proxy_rules_services_not_programmed",
+            "Services the last successful sync left out (their previous rules kept)",
+            registry=reg,
+        )
+        self.service_failures_total = Counter(
+            "kubeplex_sync_proxy_rules_service_failures_total",
+            "Cumulative syncs that left a Service out, by Service",
+            ["namespace", "name"],
+            registry=reg,
+        )
         self.network_programming_duration = Histogram(
             name("network_programming_duration_seconds"),
             "In Cluster Network Programming Latency in seconds",
@@ -379,6 +391,14 @@ class ProxyMetrics:
         counter = self.proxy_livez_total if probe == "livez" else self.proxy_healthz_total
         counter.labels(str(code)).inc()
 
+    def left_out(self, failed: Mapping[str, str]) -> None:
+        """The Services a successful sync left out (``SyncResult.failed``: service port ->
+        why): +1 each, however many of its ports."""
+        services = {service_of(port) for port in failed}
+        self.services_not_programmed.set(len(services))
+        for namespace, name in services:
+            self.service_failures_total.labels(namespace, name).inc()
+
     def conntrack_cleaned(self, family: IPFamily, seconds: float, deleted: int) -> None:
         """One family's conntrack cleanup after a sync: its duration and flows deleted."""
         if self.conntrack_reconciler_sync_duration is not None:
@@ -398,6 +418,13 @@ class ProxyMetrics:
         """One sample's value (tests and debugging)."""
         found = self.registry.get_sample_value(name, dict(labels or {}))
         return None if found is None else float(found)
+
+
+def service_of(service_port: str) -> tuple[str, str]:
+    """(namespace, name) of a service port named as ``SyncResult.failed`` names it
+    ("namespace/name:port")."""
+    namespace, _, rest = service_port.rpartition("/")
+    return namespace, rest.split(":", 1)[0]
 
 
 def _new_metric(spec: MetricFamily, registry: CollectorRegistry) -> MetricWrapperBase:

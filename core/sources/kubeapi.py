@@ -975,11 +975,12 @@ class KubeApiSource:
 
     @classmethod
     def from_config(
-        cls, cfg: KubeProxyConfiguration, node_name: str, **kwargs: Any
+        cls, cfg: KubeProxyConfiguration, node_name: str, master: str = "", **kwargs: Any
     ) -> KubeApiSource:
-        """A source for ``cfg.client_connection`` and ``cfg.config_sync_period``."""
+        """A source for ``cfg.client_connection`` and ``cfg.config_sync_period``, reading the
+        API server at ``master`` if given (``--master``)."""
         cc = cfg.client_connection
-        api = make_api_client(cc)
+        api = make_api_client(cc, master)
         kwargs.setdefault("qps", cc.qps)
         kwargs.setdefault("burst", cc.burst)
         kwargs.setdefault("config_sync_period", cfg.config_sync_period)

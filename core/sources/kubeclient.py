@@ -26,6 +26,7 @@ from urllib.parse import quote
 from kubeplex.core.config.kubeproxy import ClientConnectionConfiguration
 from kubeplex.core.model.errors import KubeplexError
 from kubeplex.core.packages import register_bare
+from kubeplex.core.sources.api_address import master_url
 from kubeplex.core.sources.deferred import import_deferring
 
 # ``kubernetes/__init__`` imports every part of the client (the dynamic client and its schema
@@ -81,11 +82,16 @@ class ApiConnection:
         self.close()
 
 
-def load_client_configuration(cc: ClientConnectionConfiguration) -> Any:
+def load_client_configuration(cc: ClientConnectionConfiguration, master: str = "") -> Any:
     """A dedicated ``kubernetes.client.Configuration`` (never the global default).
 
     From ``clientConnection.kubeconfig`` if set, else the in-cluster service account, like
     upstream kube-proxy (which does not fall back to ``~/.kube/config`` either).
+
+    ``master`` (``--master``) overrides the server of either. Without a kubeconfig, the pod's
+    service account goes to that address if one is mounted (kube-proxy would send no
+    credentials there; the chart's ``apiServer.host`` relies on them); where none is mounted
+    it is the address alone, as client-go makes it.
     """
     conf = _new_configuration()
     if cc.kubeconfig:
@@ -97,7 +103,7 @@ def load_client_configuration(cc: ClientConnectionConfiguration) -> Any:
             raise KubeplexError(
                 f"clientConnection.kubeconfig {cc.kubeconfig}: cannot load: {err}"
             ) from err
-    else:
+    elif not master or _service_account_mounted():
         from kubernetes.config.incluster_config import load_incluster_config
 
         try:
@@ -108,8 +114,10 @@ def load_client_configuration(cc: ClientConnectionConfiguration) -> Any:
             raise KubeplexError(
                 "no Kubernetes API to talk to: clientConnection.kubeconfig is empty and this is "
                 f"not a pod with a service account ({err}); set clientConnection.kubeconfig in "
-                "--config, or run from files with --manifests PATH"
+                "--config (or --master URL), or run from files with --manifests PATH"
             ) from err
+    if master:
+        _pin_host(conf, master_url(master, tls=_has_tls_settings(conf)))
     if cc.content_type and cc.content_type != "application/json":
         log.info(
             "clientConnection.contentType %s: the Python client speaks JSON only, using JSON",
@@ -139,9 +147,60 @@ def _kubeconfig_loader() -> Any:
     return module.load_kube_config
 
 
-def make_api_client(cc: ClientConnectionConfiguration) -> ApiConnection:
-    """The connection for ``clientConnection``."""
-    return ApiConnection(load_client_configuration(cc))
+def _service_account_mounted() -> bool:
+    """Whether this is a pod with a service account, as client-go's in-cluster ``Possible``."""
+    from kubernetes.config.incluster_config import (
+        SERVICE_HOST_ENV_NAME,
+        SERVICE_PORT_ENV_NAME,
+        SERVICE_TOKEN_FILENAME,
+    )
+
+    return (
+        bool(os.environ.get(SERVICE_HOST_ENV_NAME))
+        and bool(os.environ.get(SERVICE_PORT_ENV_NAME))
+        and os.path.isfile(SERVICE_TOKEN_FILENAME)
+    )
+
+
+def _pin_host(conf: Any, host: str) -> None:
+    """Set the server, and keep it: both loaders' credential refresh, run before each request
+    from any thread, sets every field they loaded again (the server among them) and itself
+    as the refresh hook. It is given a view of the configuration that keeps both."""
+    conf.host = host
+    refresh = conf.refresh_api_key_hook
+    if refresh is not None:
+        conf.refresh_api_key_hook = lambda configuration: refresh(_HostPinned(configuration))
+
+
+class _HostPinned:
+    """A ``Configuration`` whose server and refresh hook the loaders cannot replace."""
+
+    _KEPT = frozenset({"host", "refresh_api_key_hook"})
+
+    def __init__(self, conf: Any) -> None:
+        object.__setattr__(self, "_conf", conf)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conf, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._KEPT:
+            setattr(self._conf, name, value)
+
+
+def _has_tls_settings(conf: Any) -> bool:
+    """Whether a host without a scheme is reached over https (client-go's ``defaultTLS``)."""
+    return bool(
+        conf.ssl_ca_cert
+        or conf.cert_file
+        or not conf.verify_ssl
+        or getattr(conf, "tls_server_name", None)
+    )
+
+
+def make_api_client(cc: ClientConnectionConfiguration, master: str = "") -> ApiConnection:
+    """The connection for ``clientConnection``, to ``master`` if given (``--master``)."""
+    return ApiConnection(load_client_configuration(cc, master))
 
 
 def api_request(
