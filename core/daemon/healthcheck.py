@@ -10,7 +10,10 @@ Semantics follow upstream's pkg/proxy/healthcheck:
   being deleted), so a node on its way out is taken out of load balancers while the proxy
   stays live. Both answer JSON with ``lastUpdated``, ``currentTime``, ``healthy`` and a
   per-family ``status`` (``/healthz`` adds ``nodeEligible``); when healthy, ``lastUpdated`` is
-  the current time, as upstream keeps for compatibility.
+  the current time, as upstream keeps for compatibility. ``/healthz`` also lists, as
+  ``servicesNotProgrammed``, the service ports the last sync left out (kubeplex isolates a
+  Service its backend cannot program, where upstream fails the whole sync); the field is
+  absent while there are none, so the body is upstream's.
 * **Service health** (``ServiceHealthServer``): one listener per ``healthCheckNodePort`` of a
   ``externalTrafficPolicy: Local`` Service, opened and closed as Services come and go. It
   answers 200 while the node has a ready local endpoint of the Service and the proxy is
@@ -46,6 +49,8 @@ log = logging.getLogger(__name__)
 ProbeHook = Callable[[str, int], None]
 
 JSON_HEADERS = (("Content-Type", "application/json"), ("X-Content-Type-Options", "nosniff"))
+#: The most service ports /healthz lists as not programmed (the metric counts them all).
+NOT_PROGRAMMED_LISTED = 100
 _NOT_FOUND: Response = (
     404,
     (("Content-Type", "text/plain; charset=utf-8"), ("X-Content-Type-Options", "nosniff")),
@@ -119,6 +124,7 @@ class ProxyHealth:
         self._lock = threading.Lock()
         self._last_updated: dict[str, float] = {}
         self._oldest_queued: dict[str, float] = {}
+        self._not_programmed: tuple[str, ...] = ()
 
     def updated(self, families: Iterable[IPFamily | str]) -> None:
         """The rules of these families now reflect every change seen: healthy again."""
@@ -134,6 +140,12 @@ class ProxyHealth:
         with self._lock:
             for fam in families:
                 self._oldest_queued.setdefault(str(fam), now)
+
+    def not_programmed(self, service_ports: Iterable[str]) -> None:
+        """The service ports the last successful sync left out (none: all programmed)."""
+        listed = tuple(sorted(service_ports))
+        with self._lock:
+            self._not_programmed = listed
 
     def health(self) -> HealthReport:
         now = self.clock()
@@ -159,17 +171,27 @@ class ProxyHealth:
         report = self.health()
         eligible = self.node_eligible()
         healthy = report.healthy and eligible
-        return self._response(report, healthy, eligible)
+        doc = self._document(report, healthy, eligible)
+        with self._lock:
+            left_out = self._not_programmed
+        if left_out:
+            doc["servicesNotProgrammed"] = list(left_out[:NOT_PROGRAMMED_LISTED])
+        return self._response(doc, healthy)
 
     def livez(self) -> Response:
         report = self.health()
-        return self._response(report, report.healthy, None)
+        return self._response(self._document(report, report.healthy, None), report.healthy)
 
-    def _response(self, report: HealthReport, healthy: bool, eligible: bool | None) -> Response:
+    @staticmethod
+    def _document(report: HealthReport, healthy: bool, eligible: bool | None) -> dict[str, Any]:
         doc = report.document(eligible)
         if healthy:
             # Upstream compatibility: a healthy proxy reports "now" as its last update.
             doc["lastUpdated"] = doc["currentTime"]
+        return doc
+
+    @staticmethod
+    def _response(doc: Mapping[str, Any], healthy: bool) -> Response:
         body = json.dumps(doc, separators=(",", ":")).encode()
         return (200 if healthy else 503), JSON_HEADERS, body
 

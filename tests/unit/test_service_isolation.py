@@ -9,6 +9,8 @@ without a change to it and without turning every later sync into a failing full 
 
 from __future__ import annotations
 
+import http.client
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +19,8 @@ from render_kit import endpoint_slice, ep
 from test_nftables_render import NODE, FakeKernel, Harness, many_services
 
 import kubeplex.backends.nftables.render as render_module
+from kubeplex.core.config.kubeproxy import default_config
+from kubeplex.core.daemon.operations import start_operations
 from kubeplex.core.daemon.proxier import Proxier
 from kubeplex.core.model.errors import BackendError
 
@@ -139,3 +143,49 @@ def test_a_failing_render_keeps_the_services_last_good_rules(
     dump = h.dump()
     assert "10.0.4.7" in dump and "10.0.3.7" not in dump
     assert before and all(ln in dump for ln in before)
+
+
+def test_a_service_left_out_is_counted_and_listed_in_healthz() -> None:
+    """The log alone alerts no one: a metric counts it (by Service) and /healthz names it."""
+    h, kernel, proxier = harness(BROKEN)
+    ops = start_operations(
+        default_config(),
+        proxier,
+        h.cluster,
+        sysctls=False,
+        healthz_address="127.0.0.1:0",
+        metrics_address="127.0.0.1:0",
+        poll_interval=3600,
+    )
+    ops.conntrack.enabled = False  # no conntrack table in a unit test
+    assert ops.healthz_address is not None and ops.metrics_address is not None
+    total = "kubeplex_sync_proxy_rules_service_failures_total"
+    try:
+        for _ in range(2):  # a full sync, then a partial one that retries it
+            assert ops.sync()
+        assert ops.metrics.value(total, {"namespace": "ns3", "name": "web"}) == 2
+        assert ops.metrics.value("kubeplex_sync_proxy_rules_services_not_programmed") == 1
+        status, body = fetch(ops.healthz_address, "/healthz")
+        assert status == 200  # every other Service is programmed: the node still serves
+        assert json.loads(body)["servicesNotProgrammed"] == ["ns3/web:p80"]
+        text = fetch(ops.metrics_address, "/metrics")[1]
+        assert f'{total}{{name="web",namespace="ns3"}} 2.0' in text
+
+        kernel.refused = None  # fixed: the next sync programs it
+        assert ops.sync()
+        assert ops.metrics.value("kubeplex_sync_proxy_rules_services_not_programmed") == 0
+        assert ops.metrics.value(total, {"namespace": "ns3", "name": "web"}) == 2
+        doc = json.loads(fetch(ops.healthz_address, "/healthz")[1])
+        assert "servicesNotProgrammed" not in doc and doc["healthy"] is True
+    finally:
+        ops.stop()
+
+
+def fetch(address: tuple[str, int], path: str) -> tuple[int, str]:
+    conn = http.client.HTTPConnection(*address, timeout=5)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()
