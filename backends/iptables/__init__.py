@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import shutil
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -221,6 +222,13 @@ class IptablesBackend(FamilyBackend[FamilyRenderer, IptablesRendered]):
 
     def _apply_plan(self, plan: FamilyPlan) -> bool:
         """Write one family's plan; False if there was nothing to write."""
+        started = time.perf_counter()
+        try:
+            return self._write_plan(plan)
+        finally:
+            self.write_seconds[plan.family] = time.perf_counter() - started
+
+    def _write_plan(self, plan: FamilyPlan) -> bool:
         for key, value in plan.sysctls:
             self.kernel.sysctl(key, value)
         inputs = plan.inputs()

@@ -137,6 +137,22 @@ def no_local_endpoints(graph: ServiceGraph) -> tuple[int, int]:
     return internal, external
 
 
+def family_seconds(
+    backend: Backend, families: Iterable[IPFamily], elapsed: float
+) -> dict[IPFamily, float]:
+    """Each family's share of a sync that took ``elapsed`` seconds, as upstream's proxier per
+    family times its own: what the backend timed of it (``Backend.render_seconds`` and
+    ``write_seconds``), and the rest of the sync in proportion."""
+    families = list(families)
+    render, write = backend.render_seconds, backend.write_seconds
+    timed = {f: render.get(f, 0.0) + write.get(f, 0.0) for f in families}
+    total = sum(timed.values())
+    if total <= 0.0:
+        return dict.fromkeys(families, elapsed)
+    rest = max(0.0, elapsed - total)
+    return {f: timed[f] + rest * timed[f] / total for f in families}
+
+
 class ProxyMetrics:
     """kube-proxy's metrics on a private registry, and the hooks that update them.
 
@@ -335,10 +351,11 @@ class ProxyMetrics:
         samples."""
         now = self.clock()
         split = MetricEvent.FULL_SYNC_SECONDS if result.full else MetricEvent.PARTIAL_SYNC_SECONDS
+        seconds = family_seconds(self.backend, state.graphs, elapsed)
         for family, graph in state.graphs.items():
             fam = family.value
-            self.sync_proxy_rules_duration.labels(fam).observe(elapsed)
-            self._event(split, family, elapsed)
+            self.sync_proxy_rules_duration.labels(fam).observe(seconds[family])
+            self._event(split, family, seconds[family])
             self.sync_proxy_rules_last_timestamp.labels(fam).set(now)
 
             change = state.changes.get(family)

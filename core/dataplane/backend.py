@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import enum
 import shutil
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -211,6 +212,13 @@ class Backend(ABC):
     #: Whether the daemon cleans conntrack entries after syncs (and registers upstream's
     #: conntrack reconciler metrics) for this backend.
     uses_conntrack: bool = True
+    #: Seconds each IP family's render took in the last sync (``FamilyBackend`` times them),
+    #: and its kernel writes, where the backend writes each family on its own: upstream runs
+    #: a proxier per family, and each observes its own sync duration. The rest of a sync
+    #: (its observation, one transaction for both families) is shared out in proportion;
+    #: with neither, each family is given the whole sync's duration.
+    render_seconds: Mapping[IPFamily, float] = {}
+    write_seconds: Mapping[IPFamily, float] = {}
 
     def __init__(self, ctx: BackendContext) -> None:
         self.ctx = ctx
@@ -362,6 +370,8 @@ class FamilyBackend(Backend, Generic[R, RenderedT]):
     def __init__(self, ctx: BackendContext) -> None:
         super().__init__(ctx)
         self.renderers: PerFamily[R] = PerFamily(self.make_renderer)
+        self.render_seconds: dict[IPFamily, float] = {}
+        self.write_seconds: dict[IPFamily, float] = {}
 
     @abstractmethod
     def make_renderer(self, settings: Any) -> R:
@@ -383,13 +393,18 @@ class FamilyBackend(Backend, Generic[R, RenderedT]):
 
     def render(self, state: ProxyState, observed: Any = None) -> RenderedT:
         plans = []
+        seconds: dict[IPFamily, float] = {}
+        self.write_seconds = {}  # the apply after this render fills it
         for family in self.ctx.families:
             graph = state.graphs.get(family)
             if graph is None:
                 continue
+            started = time.perf_counter()
             settings = self.family_settings(family, state, observed)
             renderer = self.renderers.with_settings(family, settings)
             plans.append(self.render_family(renderer, graph, state.changes[family], observed))
+            seconds[family] = time.perf_counter() - started
+        self.render_seconds = seconds
         return self.combine(plans)
 
     def invalidate(self) -> None:
