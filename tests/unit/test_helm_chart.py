@@ -58,6 +58,8 @@ EVERYTHING = {
     "imagePullSecrets": [{"name": "regcred"}],
     "extraArgs": ["--cluster-cidr=10.244.0.0/16"],
     "extraEnv": [{"name": "TZ", "value": "UTC"}],
+    "extraVolumes": [{"name": "certs", "hostPath": {"path": "/etc/pki", "type": "Directory"}}],
+    "extraVolumeMounts": [{"name": "certs", "mountPath": "/etc/pki", "readOnly": True}],
     "nodeSelector": {"node-role.kubernetes.io/worker": ""},
     "podAnnotations": {"example.com/owner": "net"},
     "podLabels": {"tier": "node"},
@@ -170,12 +172,17 @@ def test_every_manifest_is_valid_kubernetes(
     for obj in objects:
         if obj["kind"] == "ServiceMonitor":
             continue  # a prometheus-operator CRD: no Kubernetes schema; checked below
-        for version in KUBE_VERSIONS:
-            try:
-                kubernetes_validate.validate(obj, version, strict=True)
-            except kubernetes_validate.ValidationError as err:
-                where = ".".join(str(p) for p in err.path)
-                pytest.fail(f"{obj['kind']} invalid for Kubernetes {version}: {where}: {err}")
+        validate(obj)
+
+
+def validate(obj: dict[str, Any]) -> None:
+    """Fail unless ``obj`` is valid, strictly, for the oldest and the newest Kubernetes."""
+    for version in KUBE_VERSIONS:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            where = ".".join(str(p) for p in err.path)
+            pytest.fail(f"{obj['kind']} invalid for Kubernetes {version}: {where}: {err}")
 
 
 def test_validation_catches_a_broken_manifest(chart: helm.Chart) -> None:
@@ -333,6 +340,13 @@ def test_unknown_mode_is_rejected(chart: helm.Chart) -> None:
         ({"livenessProbe": {"httpGet": {"path": "/"}}}, "httpGet"),
         ({"securityContext": {"privileged": "no"}}, "/securityContext/privileged"),
         ({"nodeSelector": {"zone": 1}}, "/nodeSelector/zone"),
+        ({"apiServer": {"host": "https://cp.example.com"}}, "/apiServer/host"),
+        ({"apiServer": {"host": "cp.example.com:6443"}}, "/apiServer/host"),
+        ({"apiServer": {"host": "[fd00::10]"}}, "/apiServer/host"),
+        ({"apiServer": {"port": 0}}, "/apiServer/port"),
+        ({"apiServer": {"hots": "cp"}}, "hots"),
+        ({"extraVolumes": [{"hostPath": {"path": "/x"}}]}, "/extraVolumes/0"),
+        ({"extraVolumeMounts": [{"name": "x"}]}, "/extraVolumeMounts/0"),
     ],
 )
 def test_malformed_values_are_rejected(
@@ -469,12 +483,72 @@ def test_linux_mounts(chart: helm.Chart, mode: str) -> None:
     }
     assert mounts["xtables-lock"]["mountPath"] == "/run/xtables.lock"
     assert not mounts["xtables-lock"].get("readOnly", False)  # iptables takes the lock
-    assert volumes["lib-modules"]["hostPath"]["path"] == "/lib/modules"
+    if mode != "ipvs":
+        # Only ipvs loads kernel modules: a node without /lib/modules runs the other modes.
+        assert "lib-modules" not in volumes and "lib-modules" not in mounts
+        return
+    # No type, as kubeadm mounts it: the kubelet checks nothing, a node whose modules are
+    # built in (or kept elsewhere) still starts the pod.
+    assert volumes["lib-modules"]["hostPath"] == {"path": "/lib/modules"}
     assert mounts["lib-modules"] == {
         "name": "lib-modules",
         "mountPath": "/lib/modules",
         "readOnly": True,
     }
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_extra_volumes_reach_the_pod(chart: helm.Chart, mode: str) -> None:
+    objects = render(chart, {**EVERYTHING, "mode": mode})
+    volumes = pod_spec(objects)["volumes"]
+    mounts = container(objects)["volumeMounts"]
+    assert volumes[0]["name"] == "config" and mounts[0]["name"] == "config"
+    assert volumes[-1] == {"name": "certs", "hostPath": {"path": "/etc/pki", "type": "Directory"}}
+    assert mounts[-1] == {"name": "certs", "mountPath": "/etc/pki", "readOnly": True}
+
+
+# --- the API server's address ------------------------------------------------------------------
+
+
+def master_args(objects: list[dict[str, Any]]) -> list[str]:
+    return [a for a in container(objects)["args"] if a.startswith("--master")]
+
+
+def notes(chart: helm.Chart, values: dict[str, Any]) -> str:
+    return next(t for p, t in render_files(chart, values).items() if p.endswith("NOTES.txt"))
+
+
+def test_by_default_the_proxy_dials_the_in_cluster_service_and_the_notes_say_so(
+    chart: helm.Chart,
+) -> None:
+    assert master_args(render(chart)) == []
+    text = notes(chart, {})
+    assert "in-cluster `kubernetes` Service" in text
+    assert "without kube-proxy" in text
+    assert "--set apiServer.host=" in text
+    assert "helm uninstall" in text and "kubeplex cleanup" in text
+
+
+@pytest.mark.parametrize(
+    ("api_server", "master"),
+    [
+        ({"host": "192.168.1.10"}, "https://192.168.1.10:6443"),
+        ({"host": "cp.example.com", "port": 443}, "https://cp.example.com:443"),
+        ({"host": "fd00::10", "port": 6443}, "https://[fd00::10]:6443"),
+    ],
+)
+@pytest.mark.parametrize("mode", MODES)
+def test_api_server_host_becomes_master(
+    chart: helm.Chart, mode: str, api_server: dict[str, Any], master: str
+) -> None:
+    values = {"mode": mode, "apiServer": api_server}
+    objects = render(chart, values)
+    assert master_args(objects) == [f"--master={master}"]
+    # The command line the chart builds is one kubeplex accepts, with that address.
+    args = cli.parser().parse_args(container(objects)["args"])
+    assert args.master == master
+    assert f"API server: {master} (apiServer.host)" in notes(chart, values)
+    validate(only(objects, "DaemonSet"))
 
 
 @pytest.mark.parametrize(

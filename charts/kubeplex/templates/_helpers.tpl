@@ -58,6 +58,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* `--master`'s URL: the API server's own address, or nothing (the in-cluster Service). */}}
+{{- define "kubeplex.master" -}}
+{{- with .Values.apiServer.host }}
+{{- printf "https://%s" (include "kubeplex.hostPort" (list . $.Values.apiServer.port)) }}
+{{- end }}
+{{- end }}
+
 {{/* Whether an address is a loopback one (metrics cannot be scraped from off the node). */}}
 {{- define "kubeplex.isLoopback" -}}
 {{- if or (hasPrefix "127." .) (eq . "::1") (eq . "localhost") }}true{{ end }}
