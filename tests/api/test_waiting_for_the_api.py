@@ -15,6 +15,13 @@ import kubeplex.core.cli.main as cli
 from kubeplex.core.cli import run as run_command
 
 
+def in_a_pod_told(service_ip: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variables the kubelet gives a pod for a ``kubernetes`` Service at ``service_ip``."""
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", service_ip)
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    monkeypatch.setenv("KUBERNETES_PORT", f"tcp://{service_ip}:443")
+
+
 def run_once_unanswered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> tuple[str, list[logging.LogRecord]]:
@@ -40,9 +47,7 @@ def test_waiting_for_the_kubernetes_service_says_what_to_set(
 ) -> None:
     # The kubelet's variables name the Service's ClusterIP, the address dialed (here a port on
     # loopback nothing listens on: the test sends nothing off the machine).
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    monkeypatch.setenv("KUBERNETES_PORT", "tcp://127.0.0.1:443")
+    in_a_pod_told("127.0.0.1", monkeypatch)
     url, said = run_once_unanswered(tmp_path, monkeypatch, caplog)
     waiting = [r.getMessage() for r in said if r.getMessage().startswith("waiting for")]
     assert waiting, [r.getMessage() for r in said]
@@ -57,9 +62,7 @@ def test_waiting_for_the_kubernetes_service_says_what_to_set(
 def test_waiting_for_the_api_server_itself_says_only_that(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    monkeypatch.setenv("KUBERNETES_PORT", "tcp://10.96.0.1:443")
+    in_a_pod_told("10.96.0.1", monkeypatch)
     _, said = run_once_unanswered(tmp_path, monkeypatch, caplog)
     assert len(said) >= 2
     assert not [r for r in said if "apiServer.host" in r.getMessage()]

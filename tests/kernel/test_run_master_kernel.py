@@ -55,6 +55,15 @@ def write_config(tmp_path: Path, kubeconfig: Path | None = None) -> Path:
     return path
 
 
+def kubeconfig_naming_the_service(srv: FakeApiServer, tmp_path: Path) -> Path:
+    """A kubeconfig with ``srv``'s credentials and CA, whose server is the in-cluster address."""
+    kubeconfig = srv.write_kubeconfig(tmp_path / "kubeconfig")
+    doc = json.loads(kubeconfig.read_text())
+    doc["clusters"][0]["cluster"]["server"] = "https://10.96.0.1:443"
+    kubeconfig.write_text(json.dumps(doc))
+    return kubeconfig
+
+
 def run_once(
     netns: str, *args: str, wrap: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:
@@ -84,11 +93,7 @@ def test_master_overrides_the_kubeconfig_s_server_and_keeps_its_credentials(
 ) -> None:
     srv = seeded_server(netns, tls=True, token="s3cret")
     try:
-        kubeconfig = srv.write_kubeconfig(tmp_path / "kubeconfig")
-        doc = json.loads(kubeconfig.read_text())
-        doc["clusters"][0]["cluster"]["server"] = "https://10.96.0.1:443"
-        kubeconfig.write_text(json.dumps(doc))
-        config = write_config(tmp_path, kubeconfig)
+        config = write_config(tmp_path, kubeconfig_naming_the_service(srv, tmp_path))
         # A host:port pair: https, since the kubeconfig has a CA (client-go's default).
         done = run_once(netns, "--config", str(config), "--master", f"127.0.0.1:{srv.port}")
         assert done.returncode == 0, done.stderr
@@ -106,11 +111,7 @@ def test_kube_proxy_s_master_overrides_the_kubeconfig_s_server_for_good(
     srv = seeded_server(netns, tls=True, token="s3cret")
     proc: subprocess.Popen[str] | None = None
     try:
-        kubeconfig = srv.write_kubeconfig(tmp_path / "kubeconfig")
-        doc = json.loads(kubeconfig.read_text())
-        doc["clusters"][0]["cluster"]["server"] = "https://10.96.0.1:443"
-        kubeconfig.write_text(json.dumps(doc))
-        config = write_config(tmp_path, kubeconfig)
+        config = write_config(tmp_path, kubeconfig_naming_the_service(srv, tmp_path))
         argv = ["ip", "netns", "exec", netns, *kube_proxy_command()]
         argv += [f"--config={config}", f"--master={srv.url}"]
         log = (tmp_path / "kube-proxy.log").open("w")
