@@ -14,6 +14,7 @@ import socket
 from typing import Any
 
 from kubeplex.core.cli.options import EXIT_OK, Subparsers
+from kubeplex.core.cli.printing import echo
 from kubeplex.core.config.kubeproxy import default_config, with_overrides
 from kubeplex.core.dataplane import plugins
 from kubeplex.core.dataplane.backend import CONTRACT_VERSION, BackendContext
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(as_json(trust, found), indent=2, sort_keys=True))
     else:
-        print(table(trust, found), end="")
+        echo(table(trust, found), end="")  # plugins' metadata and load errors
     return EXIT_OK
 
 

@@ -20,10 +20,11 @@ from kubeplex.core.cli import kube_proxy_flags as flags
 from kubeplex.core.cli.config_watch import ConfigWatch
 from kubeplex.core.cli.kube_proxy_config import build
 from kubeplex.core.cli.options import EXIT_BACKEND, EXIT_OK, EXIT_USAGE, reporting_errors
+from kubeplex.core.cli.printing import echo, printable
 from kubeplex.core.cli.run import serve
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
 from kubeplex.core.dataplane.entrypoints import KnownModes
-from kubeplex.core.model.errors import KubeplexError
+from kubeplex.core.model.errors import KubeplexError, escaped
 from kubeplex.core.version import __version__
 
 log = logging.getLogger("kubeplex")
@@ -62,7 +63,7 @@ def cleanup_every_mode(cfg: KubeProxyConfiguration) -> int:
         elif done.skipped:
             log.info("mode %s: nothing to clean up here (%s)", done.mode, done.skipped)
         for line in done.removed:
-            print(f"removed {line}")
+            echo(f"removed {escaped(line)}")  # names read back from the kernel
     return EXIT_BACKEND if failed else EXIT_OK
 
 
@@ -113,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parsed = flags.parse(args)
     except flags.UsageError as err:
-        print(f"Error: {err}\nRun '{PROG} --help' for usage.", file=sys.stderr)
+        print(f"Error: {printable(str(err))}\nRun '{PROG} --help' for usage.", file=sys.stderr)
         return EXIT_USAGE
     if parsed.get("help"):
         print(flags.usage(), end="")
@@ -127,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return _run(parsed)
         except flags.UsageError as err:
-            print(f"Error: {err}\nRun '{PROG} --help' for usage.", file=sys.stderr)
+            print(f"Error: {printable(str(err))}\nRun '{PROG} --help' for usage.", file=sys.stderr)
             return EXIT_USAGE
 
     try:

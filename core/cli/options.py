@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeAlias
 
+from kubeplex.core.cli.printing import printable
 from kubeplex.core.config.kubeproxy import (
     KubeProxyConfiguration,
     default_config,
@@ -20,7 +21,7 @@ from kubeplex.core.config.kubeproxy import (
 )
 from kubeplex.core.dataplane.entrypoints import KnownModes
 from kubeplex.core.dataplane.trustfile import ENV_VAR, SYSTEM_TRUST_FILE
-from kubeplex.core.model.errors import InputUnavailable, InvalidObject, KubeplexError, escaped
+from kubeplex.core.model.errors import InputUnavailable, InvalidObject, KubeplexError
 
 # Exit codes a script can act on.
 EXIT_OK = 0
@@ -35,14 +36,14 @@ def reporting_errors(prog: str, command: Callable[[], int]) -> int:
     try:
         return command()
     except InvalidObject as err:
-        print(f"{prog}: invalid configuration: {escaped(str(err))}", file=sys.stderr)
+        print(f"{prog}: invalid configuration: {printable(str(err))}", file=sys.stderr)
         return EXIT_CONFIG
     except (FileNotFoundError, InputUnavailable) as err:
-        print(f"{prog}: {escaped(str(err))}", file=sys.stderr)
+        print(f"{prog}: {printable(str(err))}", file=sys.stderr)
         return EXIT_CONFIG
     except KubeplexError as err:
-        # One line, whatever it quotes (a server's message, a tool's output).
-        print(f"{prog}: {escaped(str(err))}", file=sys.stderr)
+        # Its own lines (a trust-list snippet to paste), whatever it quotes escaped.
+        print(f"{prog}: {printable(str(err))}", file=sys.stderr)
         return EXIT_BACKEND
     except BrokenPipeError:  # `kubeplex render | head`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

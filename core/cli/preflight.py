@@ -32,6 +32,7 @@ from kubeplex.core.cli.options import (
     load_effective_config,
     node_name,
 )
+from kubeplex.core.cli.printing import echo
 from kubeplex.core.cli.shared import make_backend
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration, with_overrides
 from kubeplex.core.dataplane import plugins
@@ -186,7 +187,7 @@ def run_check(args: argparse.Namespace) -> int:
         json.dump(report.as_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(text(report))
+        echo(text(report), end="")  # the kernel's lines
     if report.blockers:
         return EXIT_BACKEND
     return EXIT_DIFFERENCES if report.differences else EXIT_OK

@@ -11,15 +11,17 @@ from kubeplex.core.model.errors import KubeplexError
 FORGED = "\x1b[31mred\x07\r\nkubeplex: forged"
 
 
-def test_an_error_quoting_outside_text_is_one_escaped_line(
+def test_an_error_quoting_outside_text_is_printed_escaped(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    # Its own line breaks stay (a trust-list snippet to paste); the colour, bell and carriage
+    # return a tool's output brought are escaped.
     def failing() -> int:
         raise KubeplexError(f"iptables-restore: {FORGED}")
 
     assert reporting_errors("kubeplex", failing) == EXIT_BACKEND
     assert capsys.readouterr().err == (
-        "kubeplex: iptables-restore: \\x1b[31mred\\x07\\r\\nkubeplex: forged\n"
+        "kubeplex: iptables-restore: \\x1b[31mred\\x07\\r\nkubeplex: forged\n"
     )
 
 
