@@ -14,7 +14,6 @@ from __future__ import annotations
 import http.client
 import os
 import resource
-import socket
 import subprocess
 import sys
 import time
@@ -24,11 +23,10 @@ import pytest
 import yaml
 from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer
 from cli_kit import in_netns, wait_until
+from test_daemon_e2e import LAB, ROOT, free_port
 
 from kubeplex.core.dataplane.netns import run_in_netns
 
-ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "testing" / "lab"
 SLOW_CONNECTIONS = 3000
 PROBES = 15
 #: What a node's process gets unless its unit raises it.
@@ -36,12 +34,6 @@ USUAL_SOFT_LIMIT = 1024
 FLOOD = ROOT / "tests" / "flood_kit.py"
 
 pytestmark = pytest.mark.kernel
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def established(netns: str, port: int) -> int:
