@@ -10,8 +10,8 @@ kubeplex's requests answer with raw responses and are never deserialized into mo
 0.06-0.1 s at each start.
 :class:`ApiConnection` keeps the two parts of it that kubeplex uses, the ``Configuration`` and a
 REST client, and :func:`api_request` prepares a request as its ``param_serialize`` does. The
-kubeconfig loader's module is imported with what only its OIDC refresh calls deferred, and the
-``Configuration``'s with ``multiprocessing`` deferred (see :mod:`kubeplex.core.sources.deferred`).
+kubeconfig loader's module is imported with what only its OIDC refresh calls deferred (see
+:mod:`kubeplex.core.sources.deferred`).
 """
 
 from __future__ import annotations
@@ -128,11 +128,10 @@ def load_client_configuration(cc: ClientConnectionConfiguration, master: str = "
 
 def _new_configuration() -> Any:
     """A ``kubernetes.client.Configuration`` with the client's default pool size (5
-    connections per CPU). Its module imports ``multiprocessing`` for ``cpu_count`` alone, to
-    size the pool when no size is given (3-4 ms: pickle and the process contexts): it is
-    imported with that deferred, and given the size."""
-    module = import_deferring("kubernetes.client.configuration", {"multiprocessing": "cpu_count"})
-    return module.Configuration(connection_pool_maxsize=(os.cpu_count() or 1) * 5)
+    connections per CPU), as every supported client release constructs it."""
+    from kubernetes.client.configuration import Configuration
+
+    return Configuration()
 
 
 def _kubeconfig_loader() -> Any:
