@@ -3,7 +3,6 @@ newline that starts a forged record), one record stays one line."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 from apiserver import FakeApiServer
 from kubeapi_kit import api_source
+from logs_kit import root_logger_kept
 
 from kubeplex.core.cli import logs
 
@@ -21,14 +21,8 @@ FORGED_ESCAPED = "\\x1b[31mred\\x07\\r\\n2030-01-01 00:00:00,000 ERROR kubeplex:
 
 @pytest.fixture(autouse=True)
 def _restore_root() -> Iterator[None]:
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    yield
-    for handler in list(root.handlers):
-        if handler not in handlers:
-            root.removeHandler(handler)
-    logs._installed.clear()
-    root.setLevel(level)
+    with root_logger_kept():
+        yield
 
 
 def test_a_forbidden_message_forges_no_log_line(

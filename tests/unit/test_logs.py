@@ -7,6 +7,7 @@ import logging
 from collections.abc import Iterator
 
 import pytest
+from logs_kit import root_logger_kept
 
 from kubeplex.core.cli import logs
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration, parse_config
@@ -16,14 +17,8 @@ log = logging.getLogger("kubeplex.core.daemon.proxier")
 
 @pytest.fixture(autouse=True)
 def _restore_root() -> Iterator[None]:
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    yield
-    for handler in list(root.handlers):
-        if handler not in handlers:
-            root.removeHandler(handler)
-    logs._installed.clear()
-    root.setLevel(level)
+    with root_logger_kept():
+        yield
 
 
 def _cfg(logging_section: str) -> KubeProxyConfiguration:
