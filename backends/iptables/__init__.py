@@ -39,6 +39,7 @@ from kubeplex.core.dataplane.backend import (
     NoLocalEndpoints,
     ProgrammedService,
     Rendered,
+    RuleDrift,
     Sample,
     SyncResult,
 )
@@ -156,6 +157,9 @@ class IptablesBackend(FamilyBackend[FamilyRenderer, IptablesRendered]):
         seen = observed.get(plan.family) if observed else None
         if plan.full and seen is not None:
             saved = seen.saved
+            # Before the plan is committed: the renderer's record is what the last sync wrote.
+            written = {"filter": renderer.applied_filter, "nat": renderer.applied_nat}
+            plan.repaired = readback.written_drift(written, saved)
             plan.before = Before(saved=saved)
             plan.existing = saved.chains.get("nat", set())
             # Chains left by an earlier run (or process) that nothing needs any more.
@@ -195,9 +199,11 @@ class IptablesBackend(FamilyBackend[FamilyRenderer, IptablesRendered]):
         failed: dict[IPFamily, str] = {}
         samples: list[Sample] = []
         no_local: dict[IPFamily, NoLocalEndpoints] = {}
+        repaired: list[RuleDrift] = []
         for plan in rendered.plans:
             try:
                 if self._apply_plan(plan):
+                    repaired += plan.repaired
                     self._account(plan, counts, samples)
                     no_local[plan.family] = NoLocalEndpoints(
                         plan.no_local_endpoints.get("internal", 0),
@@ -218,6 +224,7 @@ class IptablesBackend(FamilyBackend[FamilyRenderer, IptablesRendered]):
             failed=errors,
             no_local_endpoints=no_local,
             samples=tuple(samples),
+            repaired=tuple(repaired),
         )
 
     def _apply_plan(self, plan: FamilyPlan) -> bool:
@@ -307,7 +314,11 @@ class IptablesBackend(FamilyBackend[FamilyRenderer, IptablesRendered]):
         for family in self.ctx.families:
             nat = SavedRuleset.parse(self.kernel.save(family, "nat", counters=True))
             filter_ = SavedRuleset.parse(self.kernel.save(family, "filter"))
-            found = readback.programmed(service_port, family, nat, filter_)
+            # What the last render (the caller's) made of the service port's own chains.
+            renderer = self.renderers.get(family)
+            fragment = renderer.fragments.get(service_port) if renderer is not None else None
+            chains = fragment.chains if fragment is not None else None
+            found = readback.programmed(service_port, family, nat, filter_, chains)
             if found is not None:
                 out.append(found)
         return out

@@ -1,18 +1,21 @@
-"""Reading the kernel back: what of the iptables mode is on a node (cleanup, leftovers), and
-what one Service port has (inspect), from iptables-save output."""
+"""Reading the kernel back: what of the iptables mode is on a node (cleanup, leftovers), what
+one Service port has (inspect), and where the mode's own chains differ from what it wrote
+(drift), from iptables-save output."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 
 from kubeplex.backends.iptables import names
+from kubeplex.backends.iptables.rulekey import rule_key
 from kubeplex.backends.iptables.rules import KUBELET_FIREWALL
 from kubeplex.backends.netfilter.artifacts import Artifacts, rule_target
 from kubeplex.backends.netfilter.artifacts import describe as describe_chains
 from kubeplex.backends.netfilter.artifacts import find as found_chains
 from kubeplex.backends.netfilter.iptables import SavedRuleset
-from kubeplex.core.dataplane.backend import EndpointView, ProgrammedService
+from kubeplex.core.dataplane.backend import EndpointView, ProgrammedService, RuleDrift
+from kubeplex.core.dataplane.drift import diff_chains
 from kubeplex.core.model.types import IPFamily, ServicePortName
 
 #: Chains of the mode besides the per-service ones (KUBE-FIREWALL: see ``firewall_is_ours``).
@@ -96,10 +99,30 @@ def describe(family: IPFamily, found: list[Artifacts]) -> list[str]:
     return lines
 
 
+def written_drift(
+    written: Mapping[str, Mapping[str, Sequence[str]]], saved: SavedRuleset
+) -> list[RuleDrift]:
+    """Where the chains the mode ``written`` (per table, chain -> rules; empty: no record)
+    differ in ``saved``. KUBE-FIREWALL is left out: kubelet may write there too."""
+    found = saved.by_chain()
+    out: list[RuleDrift] = []
+    for table, chains in written.items():
+        mine = {c: rules for c, rules in chains.items() if c != KUBELET_FIREWALL}
+        held = found.get(table, {})
+        out += diff_chains(mine, {c: held.get(c, []) for c in mine}, rule_key)
+    return out
+
+
 def programmed(
-    spn: ServicePortName, family: IPFamily, nat: SavedRuleset, filter_: SavedRuleset
+    spn: ServicePortName,
+    family: IPFamily,
+    nat: SavedRuleset,
+    filter_: SavedRuleset,
+    rendered: Mapping[str, Sequence[str]] | None = None,
 ) -> ProgrammedService | None:
-    """What ``nat`` (saved with counters) and ``filter_`` hold for ``spn``; None if nothing."""
+    """What ``nat`` (saved with counters) and ``filter_`` hold for ``spn``; None if nothing.
+    ``rendered``: the rules the mode renders for the service's own nat chains now, to compare
+    those chains whole with (None: not compared)."""
     own = [
         names.service_chain(spn),
         names.local_service_chain(spn),
@@ -161,6 +184,8 @@ def programmed(
 
     rules = [r for c in objects for r, _ in by_chain.get(c, [])]
     seconds = next((int(m.group(1)) for r in rules if (m := _SECONDS.search(r))), None)
+    held = {c: [r for r, _ in by_chain.get(c, [])] for c in objects}
+    rule_drift = diff_chains(rendered, held, rule_key) if rendered is not None else []
     return ProgrammedService(
         service=str(spn),
         family=family,
@@ -170,6 +195,7 @@ def programmed(
         affinity_seconds=seconds,
         packets=packets,
         objects=tuple(objects),
+        rule_drift=tuple(rule_drift),
     )
 
 

@@ -24,7 +24,7 @@ from kubeplex.backends.iptables.rules import (
 )
 from kubeplex.backends.netfilter import iptables
 from kubeplex.backends.netfilter.rollback import Before
-from kubeplex.core.dataplane.backend import Rendered
+from kubeplex.core.dataplane.backend import Rendered, RuleDrift
 from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.graph import ChangeSet, ServiceGraph
 from kubeplex.core.model.types import IPFamily, ServicePortName
@@ -74,6 +74,9 @@ class FamilyPlan:
     sysctls: tuple[tuple[str, str], ...] = ()
     #: What the kernel held before, for the rollback of a half-applied write.
     before: Before = field(default_factory=Before)
+    #: Observed full plans: rules of the mode's chains that differ from what it last wrote
+    #: (this plan writes them again).
+    repaired: list[RuleDrift] = field(default_factory=list)
 
     def restore_input(self, prelude: Mapping[str, list[str]] | None = None) -> str:
         """The exact iptables-restore (--noflush) input; ``prelude`` adds lines per table."""

@@ -33,6 +33,7 @@ from kubeplex.backends.nftables.listing import (
     kube_proxy_tables,
     listing_commands,
     parse_listing,
+    parse_table,
 )
 from kubeplex.backends.nftables.render import FamilyPlan, FamilyRenderer, NftablesRendered
 from kubeplex.backends.nftables.rules import FamilySettings, go_hex_mark
@@ -133,6 +134,9 @@ class NftObserved:
     #: Services the kernel refused earlier in this sync, per family, with the reason (see
     #: ``sync``): kept as the kernel holds them.
     left_out: Mapping[IPFamily, Mapping[ServicePortName, str]] = field(default_factory=dict)
+    #: The tables' chains with their rules, by family, where they were listed whole (the
+    #: renderer holds a record of what it wrote there to compare them with).
+    rules: Mapping[str, Mapping[str, Sequence[str]]] = field(default_factory=dict)
 
 
 class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
@@ -194,12 +198,36 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
         )
         if not full:
             return NftObserved(pending=pending)
+        rules = self._list_rules(full)
+        if rules is not None:
+            text, tables = rules
+            return NftObserved(
+                listed=full, tables=parse_listing(text), pending=pending, rules=tables
+            )
         try:
             text = self.kernel.list(listing_commands(full), terse=True)
         except BackendError as err:
             log.error("listing nftables objects failed, leftovers stay: %s", err)
             return NftObserved(listed=full, tables=None, pending=pending)
         return NftObserved(listed=full, tables=parse_listing(text), pending=pending)
+
+    def _list_rules(
+        self, full: tuple[str, ...]
+    ) -> tuple[str, dict[str, dict[str, list[str]]]] | None:
+        """The tables of ``full`` listed whole (without set elements), if the renderer holds
+        a record of what it wrote in every one of them: as well as the object names, the
+        rules to compare with the record. None: no record, or a table is gone."""
+        recorded = {_ip(r.settings.family) for r in self.renderers if not r.force_full}
+        if not set(full) <= recorded:
+            return None
+        texts = {}
+        for fam in full:  # one table per nft run: nft 1.0.6 fails a second "list table"
+            try:
+                texts[fam] = self.kernel.list(f"list table {fam} {names.TABLE}\n", terse=True)
+            except BackendError as err:  # a table removed: the object listing tells the rest
+                log.info("listing nftables table %s %s failed: %s", fam, names.TABLE, err)
+                return None
+        return "".join(texts.values()), {f: parse_table(t).chains for f, t in texts.items()}
 
     # --- render -----------------------------------------------------------------------------
 
@@ -266,6 +294,10 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
                 | self.renderers[plan.settings.family].pending_chain_deletes
             )
             plan.found_in_kernel(objs.chains - gone, objs.sets, objs.maps)
+            held = observed.rules.get(plan.settings.ip)
+            if held is not None and plan.trusted:
+                renderer = self.renderers[plan.settings.family]
+                plan.found_rules(held, renderer.applied_chains)
         fresh = len(listed) == len(plans) and not any(
             p.settings.ip in observed.tables for p in listed
         )
@@ -366,6 +398,7 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
         }
         errors: dict[str, str] = {}
         no_local: dict[IPFamily, NoLocalEndpoints] = {}
+        repaired = tuple(d for plan in plans for d in plan.repaired)
         for plan in plans:
             errors.update((str(spn), why) for spn, why in plan.errors.items())
             self.renderers[plan.settings.family].commit(plan)
@@ -388,6 +421,7 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
             failed=errors,
             no_local_endpoints=no_local,
             samples=tuple(samples),
+            repaired=repaired,
         )
 
     # --- beside the sync path ---------------------------------------------------------------
@@ -450,7 +484,11 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
             except BackendError as err:  # removed since
                 log.debug("listing table %s %s failed: %s", fam, names.TABLE, err)
                 continue
-            found = inspection.programmed(service_port, family, text)
+            # What the last render (the caller's) made of the service port's own chains.
+            renderer = self.renderers.get(family)
+            fragment = renderer.fragments.get(service_port) if renderer is not None else None
+            rendered = fragment.chains if fragment is not None else None
+            found = inspection.programmed(service_port, family, text, rendered)
             if found is not None:
                 out.append(found)
         return out

@@ -9,9 +9,15 @@ chains (or, without endpoints, that carry its name as their comment).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from kubeplex.backends.nftables import names
-from kubeplex.backends.nftables.listing import ListedTable, parse_table
+from kubeplex.backends.nftables.listing import (
+    ListedTable,
+    chain_drift,
+    parse_table,
+    rendered_chains,
+)
 from kubeplex.core.dataplane.backend import EndpointView, ProgrammedService
 from kubeplex.core.model.types import IPFamily, ServicePortName
 
@@ -31,8 +37,15 @@ _VERDICT = re.compile(r" : (?:goto|jump) (\S+)$")
 _COMMENT = re.compile(r' comment "([^"]*)"')
 
 
-def programmed(spn: ServicePortName, family: IPFamily, text: str) -> ProgrammedService | None:
-    """``spn``'s part of the table listed in ``text`` (None: nothing of it is there)."""
+def programmed(
+    spn: ServicePortName,
+    family: IPFamily,
+    text: str,
+    rendered: Mapping[str, str] | None = None,
+) -> ProgrammedService | None:
+    """``spn``'s part of the table listed in ``text`` (None: nothing of it is there).
+    ``rendered``: the service port's own chains as the mode renders them now (chain -> its
+    "add rule" lines), to compare them whole with (None: not compared)."""
     table = parse_table(text)
     base = names.service_base(spn)
     own = [
@@ -72,6 +85,14 @@ def programmed(spn: ServicePortName, family: IPFamily, text: str) -> ProgrammedS
             )
         )
     timeouts = [t for s in affinity if (t := table.sets[s].timeout) is not None]
+    rule_drift = []
+    if rendered is not None:
+        table_name = f"{'ip6' if family is IPFamily.IPv6 else 'ip'} {names.TABLE}"
+        # A chain the kernel holds that the mode no longer renders: every rule is extra.
+        expected: dict[str, list[str]] = {c: [] for c in chains}
+        for chain, block in rendered.items():
+            expected[chain] = rendered_chains(block, table_name).get(chain, [])
+        rule_drift = chain_drift(expected, table.chains)
     masquerade = any(
         f"jump {names.MARK_MASQ}" in rule for c in chains for rule in table.chains.get(c, [])
     )
@@ -84,6 +105,7 @@ def programmed(spn: ServicePortName, family: IPFamily, text: str) -> ProgrammedS
         affinity_seconds=max(timeouts) if timeouts else None,
         packets=None,  # the shared maps' elements carry no counters
         objects=tuple([*chains, *affinity]),
+        rule_drift=tuple(rule_drift),
     )
 
 

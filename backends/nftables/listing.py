@@ -1,4 +1,5 @@
-"""Reading back what nft lists: object names for a full sync, whole tables for ``inspect``.
+"""Reading back what nft lists: object names for a full sync, whole tables for ``inspect``
+and for drift (``rule_key``: when a rule as rendered and as nft lists it are the same).
 
 The kernel seam returns nft's own text (``NftSeam.list``); everything that understands it is
 here, on the backend's side, so that a fake kernel only has to print what nft prints.
@@ -7,15 +8,27 @@ here, on the backend's side, so that a fake kernel only has to print what nft pr
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kubeplex.backends.nftables import names
+from kubeplex.core.dataplane.backend import RuleDrift
+from kubeplex.core.dataplane.drift import diff_chains
 
 _TABLE = re.compile(r"^table (ip6?) (\S+) \{$")
 _TABLE_LINE = re.compile(r"^table (\S+) (\S+)(?: \{)?$")
 _OBJECT = re.compile(r"^\s+(chain|set|map) (\S+) \{$")
 _DURATION = re.compile(r"(\d+)(ms|d|h|m|s)")
+_COUNTER = re.compile(r"\bcounter packets \d+ bytes \d+")
+_HANDLE = re.compile(r"\s*# handle \d+$")
+_BEFORE_COMMA = re.compile(r"\s+,")
+#: An anonymous set of one item, which nft lists without its braces.
+_SINGLE = re.compile(r"\{ ([^{},]+?) \}")
+_HEX_NUMBER = re.compile(r"\b0x[0-9a-fA-F]+\b")
+#: Operators nft lists as symbols, rendered as words (upstream's spelling).
+_OPERATORS = {"&": "and", "|": "or", "^": "xor"}
+#: A chain's own lines in a listing, not rules: a base chain's hook, the chain's comment.
+_CHAIN_PROPERTY = re.compile(r'^(?:type \S+ hook .*;|comment "[^"]*")$')
 
 
 @dataclass
@@ -146,7 +159,8 @@ def parse_table(text: str) -> ListedTable:
         elif not line or line.startswith("table "):
             continue
         elif rules is not None:
-            rules.append(line)
+            if not _CHAIN_PROPERTY.match(line):
+                rules.append(line)
         elif current is not None:
             if line.startswith("elements = {") and line.endswith("}"):
                 body = line.removeprefix("elements = {").removesuffix("}")
@@ -154,3 +168,41 @@ def parse_table(text: str) -> ListedTable:
             else:
                 current.lines.append(line)
     return table
+
+
+def rule_key(rule: str) -> str:
+    """A rule as nft lists it and as it is rendered, alike: counter values, handles, the
+    spacing nft changes (``a , b`` is listed ``a, b``) and the braces of a one-item set
+    (``{ 10.0.0.0/8 }`` is listed ``10.0.0.0/8``) left out; numbers in decimal, operators
+    as words (``meta mark & 0x4000`` is ``mark and 16384``)."""
+    text = _HANDLE.sub("", _COUNTER.sub("counter", rule))
+    text = _SINGLE.sub(r"\1", _BEFORE_COMMA.sub(",", text))
+    text = _HEX_NUMBER.sub(lambda m: str(int(m.group(0), 16)), text)
+    words = [_OPERATORS.get(w, w) for w in text.split()]
+    # nft lists the mark as "meta mark"; upstream writes "mark".
+    return " ".join(
+        w for i, w in enumerate(words) if not (w == "meta" and words[i + 1 : i + 2] == ["mark"])
+    )
+
+
+def rendered_chains(text: str, table: str) -> dict[str, list[str]]:
+    """The chains a rendered transaction of ``table`` ("ip kube-proxy") fills: each chain it
+    flushes (empty) or adds rules to -> those rules, in order."""
+    flush, add = f"flush chain {table} ", f"add rule {table} "
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if line.startswith(flush):
+            out.setdefault(line[len(flush) :].strip(), [])
+        elif line.startswith(add):
+            chain, _, rule = line[len(add) :].partition(" ")
+            out.setdefault(chain, []).append(rule)
+    return out
+
+
+def chain_drift(
+    expected: Mapping[str, Sequence[str]], held: Mapping[str, Sequence[str]]
+) -> list[RuleDrift]:
+    """Where the ``expected`` chains (chain -> rules as rendered) differ in the kernel's
+    ``held`` ones (chain -> rules as nft lists them; a chain missing there has none)."""
+    return diff_chains(expected, {c: held.get(c, ()) for c in expected}, rule_key)
+

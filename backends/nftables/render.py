@@ -23,9 +23,10 @@ object names on a full sync, to find leftovers of earlier runs and chains gone m
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kubeplex.backends.nftables.listing import chain_drift, rendered_chains
 from kubeplex.backends.nftables.names import ENDPOINT_PREFIX
 from kubeplex.backends.nftables.rules import (
     BASE_CHAINS,
@@ -39,7 +40,7 @@ from kubeplex.backends.nftables.rules import (
     set_line,
     setup_lines,
 )
-from kubeplex.core.dataplane.backend import Rendered
+from kubeplex.core.dataplane.backend import Rendered, RuleDrift
 from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.graph import ChangeSet, ServiceGraph
 from kubeplex.core.model.types import IPFamily, ServicePortName
@@ -108,6 +109,9 @@ class FamilyPlan:
     no_local_endpoints: dict[str, int] = field(default_factory=dict)
     #: Chains left flushed instead of deleted (kernels before 6.2), deleted by a later sync.
     deferred_chains: set[str] = field(default_factory=set)
+    #: Trusted full plans, from the kernel's listing: rules of the table's chains that
+    #: differ from what was last written (this plan writes them again).
+    repaired: list[RuleDrift] = field(default_factory=list)
 
     @property
     def table(self) -> str:
@@ -221,6 +225,24 @@ class FamilyPlan:
     @property
     def chains_deleted(self) -> int:
         return len(self.stale_chains | self.leftover_chains)
+
+    def found_rules(self, held: Mapping[str, Sequence[str]], written: Mapping[str, str]) -> None:
+        """What a trusted full sync's listing shows of the chains' rules (``held``): where
+        they differ from what the last syncs ``written`` (service chains -> their rules) or
+        from what this plan writes into the fixed chains, which it flushes and fills again.
+        The differing service chains that stay are written again too."""
+        t = self.table
+        expected: dict[str, list[str]] = {c: [] for c in written}
+        expected.update(rendered_chains("".join(written.values()), t))
+        expected.update(rendered_chains("".join(self.parts[: self.setup_parts]), t))
+        self.repaired = chain_drift(expected, held)
+        for chain in dict.fromkeys(d.chain for d in self.repaired):
+            block = self.wanted_chains.get(chain)
+            # (a chain gone missing is re-added by ``found_in_kernel`` already; after it, as
+            # the chains written here may jump to it)
+            if block is not None and chain in held and chain not in self.chains_written:
+                self.repair.append(f"add chain {t} {chain}\nflush chain {t} {chain}\n{block}")
+                self.chains_written[chain] = block
 
 
 @dataclass

@@ -255,6 +255,14 @@ class ProxyMetrics:
             ["ip_family", "traffic_policy"],
             registry=reg,
         )
+        # kubeplex's own (no upstream metric says it): see docs/backends.md, "Metrics".
+        self.drift_repaired_total = Counter(
+            "kubeplex_drift_repaired_rules_total",
+            "Rules of kubeplex's own chains found differing from what it last wrote (extra, "
+            "missing or changed by someone else) and written again by a full sync",
+            ["mode", "kind"],
+            registry=reg,
+        )
         self.conntrack_reconciler_sync_duration: Histogram | None = None
         self.conntrack_reconciler_deleted_entries: Counter | None = None
         if backend.uses_conntrack:
@@ -372,6 +380,8 @@ class ProxyMetrics:
                 self.no_local_endpoints_total.labels(fam, policy).set(value)
         for sample in result.samples:
             self._sample(sample)
+        for drift in result.repaired:
+            self.drift_repaired_total.labels(self.mode, drift.change).inc()
 
     def sync_failed(
         self, families: Iterable[IPFamily], *, partial: bool = False, elapsed: float | None = None

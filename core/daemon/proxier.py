@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from kubeplex.core.daemon.collector import collector_paused
 from kubeplex.core.daemon.freezer import Freezer
 from kubeplex.core.dataplane.backend import Backend, SyncResult
+from kubeplex.core.dataplane.drift import summary as drift_summary
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.errors import BackendError, KubeplexError
 from kubeplex.core.model.graph import ProxyState
@@ -89,6 +90,13 @@ class Proxier:
             checkout * 1000,
         )
         self._report_failed_services(result)
+        if result.repaired:
+            log.warning(
+                "the kernel differed from what kubeplex last wrote (%d rules; changed by someone "
+                "else?), written again: %s",
+                len(result.repaired),
+                drift_summary(result.repaired),
+            )
         for listener in self.listeners:
             listener(state, result, elapsed)
         return True

@@ -132,6 +132,21 @@ class NoLocalEndpoints:
 
 
 @dataclass(frozen=True)
+class RuleDrift:
+    """One rule of a chain the mode owns that differs from what the mode renders for it (or,
+    after a sync, from what it last wrote there)."""
+
+    chain: str
+    #: "extra" (in the kernel, not rendered), "missing" (rendered, not in the kernel) or
+    #: "changed" (in its place the kernel holds another rule).
+    change: str
+    #: The kernel's rule as its tool prints it ("" for a missing one).
+    found: str = ""
+    #: The rule as the mode renders it ("" for an extra one).
+    expected: str = ""
+
+
+@dataclass(frozen=True)
 class SyncResult:
     full: bool
     #: Statistics for logs and benchmarks (rules written, chains deleted, ...); no metric is
@@ -145,6 +160,9 @@ class SyncResult:
     no_local_endpoints: Mapping[IPFamily, NoLocalEndpoints] = field(default_factory=dict)
     #: Values of the backend's own metric families after this sync.
     samples: tuple[Sample, ...] = ()
+    #: Rules of the mode's own chains that differed from what it last wrote (someone else
+    #: changed them) and that this sync wrote again.
+    repaired: tuple[RuleDrift, ...] = ()
 
 
 # --- cleanup, leftovers, inspection ---------------------------------------------------------
@@ -195,6 +213,9 @@ class ProgrammedService:
     packets: int | None = None
     #: Names of the kernel objects that belong to this Service port (chains, sets, ...).
     objects: tuple[str, ...] = ()
+    #: The Service port's own chains compared whole with what the mode renders for it now:
+    #: every rule added, missing or changed (empty where the mode does not compare them).
+    rule_drift: tuple[RuleDrift, ...] = ()
 
 
 # --- the backend ----------------------------------------------------------------------------
@@ -350,6 +371,9 @@ class PerFamily(Generic[R]):
 
     def __contains__(self, family: object) -> bool:
         return family in self._renderers
+
+    def get(self, family: IPFamily) -> R | None:
+        return self._renderers.get(family)
 
     def __iter__(self) -> Iterator[R]:
         return iter(list(self._renderers.values()))

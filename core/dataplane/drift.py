@@ -5,16 +5,20 @@ The kernel's entry lines are each mode's own syntax (rules, map elements, virtua
 they are read here only for what every syntax prints as words: host addresses (``10.0.0.1``,
 ``10.0.0.1/32``, ``[fd00::1]:80``), port numbers, and the verdict words REJECT, DROP and ACCEPT
 (anything else forwards). Comments are left out first, so a Service's name never counts.
+
+Besides, a mode compares the chains it owns whole, rule by rule in its own syntax
+(``diff_rules``, with the mode's key of a rule): any rule there it did not render is drift.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from difflib import SequenceMatcher
 
-from kubeplex.core.dataplane.backend import ProgrammedService
+from kubeplex.core.dataplane.backend import ProgrammedService, RuleDrift
 from kubeplex.core.model.expectations import (
     DROP,
     FORWARD,
@@ -193,7 +197,8 @@ def compare(expectation: Expectation | None, view: ProgrammedService | None) -> 
         out.append(
             Drift("affinity", name, want, got, f"{name}: session affinity {got}; kubeplex: {want}")
         )
-    return out
+    # Rule by rule, last: the differences above in the mode's words, and any the model misses.
+    return out + [_rule_drift(d) for d in view.rule_drift]
 
 
 def _seconds(value: int | None) -> str:
@@ -296,3 +301,71 @@ def _endpoint_drift(expectation: Expectation, view: ProgrammedService) -> list[D
                 )
             )
     return out
+
+
+# --- whole chains ------------------------------------------------------------------------------
+
+#: What a rule difference is called in a ``Drift`` and in the repaired-drift metric.
+RULE_KINDS = {"extra": "extra-rule", "missing": "missing-rule", "changed": "changed-rule"}
+
+
+def diff_rules(
+    chain: str,
+    expected: Sequence[str],
+    found: Sequence[str],
+    key: Callable[[str], Hashable],
+) -> list[RuleDrift]:
+    """Every rule ``found`` in ``chain`` (the kernel's, as its tool prints them) that differs
+    from the ``expected`` ones (as the mode renders them), in order: two rules are the same
+    when their ``key`` is (the mode's reading of a rule, whatever the printing)."""
+    want = [key(r) for r in expected]
+    have = [key(r) for r in found]
+    if want == have:
+        return []
+    out: list[RuleDrift] = []
+    matcher = SequenceMatcher(None, want, have, autojunk=False)
+    for op, w0, w1, h0, h1 in matcher.get_opcodes():
+        if op == "equal":
+            continue
+        paired = min(w1 - w0, h1 - h0)
+        for i in range(paired):
+            out.append(RuleDrift(chain, "changed", found[h0 + i], expected[w0 + i]))
+        out += [RuleDrift(chain, "missing", expected=r) for r in expected[w0 + paired : w1]]
+        out += [RuleDrift(chain, "extra", found=r) for r in found[h0 + paired : h1]]
+    return out
+
+
+def diff_chains(
+    expected: Mapping[str, Sequence[str]],
+    found: Mapping[str, Sequence[str]],
+    key: Callable[[str], Hashable],
+) -> list[RuleDrift]:
+    """``diff_rules`` of every chain of either side (a chain one side lacks has no rules)."""
+    out: list[RuleDrift] = []
+    for chain in dict.fromkeys([*expected, *found]):
+        out += diff_rules(chain, expected.get(chain, ()), found.get(chain, ()), key)
+    return out
+
+
+def _rule_drift(d: RuleDrift) -> Drift:
+    kind = RULE_KINDS.get(d.change, d.change)
+    if d.change == "extra":
+        message = f"chain {d.chain} holds a rule kubeplex would not write: {d.found}"
+    elif d.change == "missing":
+        message = f"chain {d.chain} lacks a rule kubeplex would write: {d.expected}"
+    else:
+        message = f"chain {d.chain} holds {d.found} where kubeplex would write {d.expected}"
+    return Drift(kind, d.chain, d.expected or "no rule", d.found or "no rule", message)
+
+
+def summary(drift: Iterable[RuleDrift]) -> str:
+    """Per chain, how many rules differ and how ("KUBE-SVC-X: 1 extra; KUBE-SEP-Y: 2 missing"),
+    for a log line."""
+    by_chain: dict[str, dict[str, int]] = {}
+    for d in drift:
+        counts = by_chain.setdefault(d.chain, {})
+        counts[d.change] = counts.get(d.change, 0) + 1
+    return "; ".join(
+        f"{chain}: " + ", ".join(f"{n} {change}" for change, n in counts.items())
+        for chain, counts in by_chain.items()
+    )

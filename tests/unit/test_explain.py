@@ -254,11 +254,26 @@ def test_stale_and_missing_endpoints_and_affinity_are_drift(mode: str) -> None:
     n.sync()
     # The cluster changes; the kernel is not synced: it still holds the old endpoints.
     n.set(slice_of("web", *THREE[:2], ("10.244.2.9", OTHER)))
-    assert sorted(n.drift()) == ["missing-endpoint", "stale-endpoint"]
+    kinds = n.drift()
+    assert sorted(k for k in kinds if not k.endswith("-rule")) == [
+        "missing-endpoint",
+        "stale-endpoint",
+    ]
+    # The same, rule by rule: the gone endpoint's chain holds rules kubeplex would not write
+    # now, the new one's lacks them, and the Service's chain jumps elsewhere.
+    assert sorted(k for k in kinds if k.endswith("-rule")) == [
+        "changed-rule",
+        "extra-rule",
+        "extra-rule",
+        "missing-rule",
+        "missing-rule",
+    ]
     n.sync()
     assert n.drift() == []
     n.set(web(session_affinity="ClientIP", affinity_timeout=30))
-    assert n.drift() == ["affinity"]
+    kinds = n.drift()
+    assert [k for k in kinds if not k.endswith("-rule")] == ["affinity"]
+    assert "missing-rule" in kinds  # the affinity rules kubeplex would write
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -320,13 +335,19 @@ def test_explain_text_flags_drift() -> None:
     n.set(slice_of("web", *THREE[:2]))
     reports = [explain.explain(p) for p in n.ports()]
     out = explain.text("iptables", reports)
-    # The entry, the endpoint that went, and the two left each given a third, not a half.
-    assert "DRIFT (4)" in out
+    # The entry, the endpoint that went, and the two left each given a third, not a half;
+    # then the same rule by rule, after them.
+    drift = reports[0]["drift"]
+    assert f"DRIFT ({len(drift)})" in out
     assert "(no entry in the kernel)" in out
     assert "STALE: no endpoint now" in out
     assert "gets 33.3% of new connections, not 50.0%" in out
-    kinds = sorted(d["kind"] for d in reports[0]["drift"])
-    assert kinds == ["missing-entry", "share", "share", "stale-endpoint"]
+    kinds = [d["kind"] for d in drift]
+    assert sorted(kinds[:4]) == ["missing-entry", "share", "share", "stale-endpoint"]
+    assert sorted(kinds[4:]) == ["changed-rule", "changed-rule", "extra-rule"] + ["extra-rule"] * 2
+    stale = next(d for d in drift if d["kind"] == "extra-rule" and "-j KUBE-SEP" in d["found"])
+    assert "10.244.2.3:8080" in stale["found"]
+    assert f"holds a rule kubeplex would not write: {stale['found']}" in out
 
 
 def test_select_names_the_unknown_service() -> None:

@@ -281,10 +281,13 @@ class FakeKernel:
             self.run(text)
 
     def list(self, commands: str, terse: bool = False) -> str:
-        """``list tables`` and the object names of ``list chains/sets/maps FAMILY``, in nft's
+        """``list tables``, the object names of ``list chains/sets/maps FAMILY``, and ``list
+        table FAMILY kube-proxy`` (chains with their rules, sets without elements), in nft's
         format (what the backend parses)."""
         if commands == "list tables\n":
             return "".join(f"table {fam}\n" for fam in self.nft.tables)
+        if commands.startswith("list table "):
+            return self._list_table(commands, terse)
         assert terse and commands.startswith("list chains "), commands
         self.listings += 1
         if self.fail_listing:
@@ -299,6 +302,23 @@ class FakeKernel:
                 out += [f"\t{kind} {name} {{\n\t}}\n" for name in sorted(found)]
             out.append("}\n")
         return "".join(out)
+
+
+    def _list_table(self, commands: str, terse: bool) -> str:
+        assert terse and commands.count("\n") == 1, commands  # one table per nft run
+        self.listings += 1
+        fam = commands.split()[2]
+        t = self.nft.tables.get(f"{fam} kube-proxy")
+        if self.fail_listing or t is None:
+            raise BackendError("nft -t -f - failed (exit 1): No such file or directory")
+        out = [f"table {fam} kube-proxy {{\n"]
+        for name, (kind, _) in t.sets.items():
+            out.append(f"\t{kind} {name} {{\n\t}}\n")
+        for name in t.chains:
+            out.append(f"\tchain {name} {{\n")
+            out += [f"\t\t{rule}\n" for rule in t.rules.get(name, [])]
+            out.append("\t}\n")
+        return "".join([*out, "}\n"])
 
 
 class NoKernel:
@@ -1575,7 +1595,9 @@ def test_periodic_full_sync_rewrites_only_what_changed_or_went_missing() -> None
     assert not h.sync().full  # a partial sync trusts its record
     cmds = _commands(h.sync(full=True))
     assert f"add chain ip kube-proxy {chain}" in cmds
-    # (the flushed service chain is not noticed: only names are listed, not rules)
+    # The flushed service chain is noticed too (its rules are listed) and written again.
+    assert f"flush chain ip kube-proxy {svc}" in cmds
+    assert sum(ln.startswith(f"add rule ip kube-proxy {svc} ") for ln in cmds) == 2
     # A table flushed behind kubeplex's back is rebuilt by the next full sync.
     h.kernel.nft.tables.clear()
     h.sync(full=True)
