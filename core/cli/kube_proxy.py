@@ -46,7 +46,12 @@ def version_text(raw: bool = False) -> str:
 def write_config(cfg: KubeProxyConfiguration, path: str) -> None:
     """``--write-config-to``: the effective (defaulted) configuration, v1alpha1 YAML."""
     text = yaml.safe_dump(cfg.to_dict(), default_flow_style=False, sort_keys=True)
-    Path(path).write_text(text, encoding="utf-8")
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as err:  # a folder, a full disk, no permission: said, not a traceback
+        raise KubeplexError(
+            f"--write-config-to {path}: cannot write: {err.strerror or err}"
+        ) from err
     log.info("Wrote configuration to %s", path)
 
 

@@ -11,6 +11,7 @@ is the only shorthand (``-v=2``, ``-v 2``, ``-v2``); ``_`` and ``-`` are the sam
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -442,14 +443,49 @@ def _go_bool(text: str) -> bool:
     raise ValueError(f'strconv.ParseBool: parsing "{text}": invalid syntax')
 
 
+# strconv.ParseInt(s, 0, 32)'s syntax: an optional sign, then a Go integer literal (a base
+# prefix, or a leading 0 for octal; underscores only between digits or after a prefix). No
+# spaces and no digits but ASCII, where Python's int() accepts both.
+_GO_INT = re.compile(
+    r"[+-]?(?:0[xX](?:_?[0-9a-fA-F])+|0[bB](?:_?[01])+|0[oO](?:_?[0-7])+|0(?:_?[0-7])*"
+    r"|[1-9](?:_?[0-9])*)"
+)
+_GO_INT_BASES = {"x": 16, "b": 2, "o": 8}
+# strconv.ParseFloat's syntax: a Go decimal or hexadecimal floating-point literal, or Inf,
+# Infinity (signed or not) and NaN (unsigned), in any case.
+_DEC = r"[0-9](?:_?[0-9])*"
+_HEX = r"[0-9a-fA-F](?:_?[0-9a-fA-F])*"
+_GO_FLOAT = re.compile(
+    rf"[+-]?(?:(?:{_DEC}(?:\.(?:{_DEC})?)?|\.{_DEC})(?:[eE][+-]?{_DEC})?"
+    rf"|0[xX](?:_?{_HEX}(?:\.(?:{_HEX})?)?|_?\.{_HEX})[pP][+-]?{_DEC}"
+    r"|(?i:inf|infinity))|(?i:nan)"
+)
+
+
 def _go_int(text: str, low: int, high: int) -> int:
-    # strconv.ParseInt(s, 0, 32): base prefixes allowed, underscores only with one.
-    try:
-        value = int(text, 0)
-    except ValueError:
-        raise ValueError(f'strconv.ParseInt: parsing "{text}": invalid syntax') from None
+    if not text.isascii() or _GO_INT.fullmatch(text) is None:
+        raise ValueError(f'strconv.ParseInt: parsing "{text}": invalid syntax')
+    digits = text.lstrip("+-").replace("_", "")
+    base = _GO_INT_BASES.get(digits[1:2].lower(), 8) if len(digits) > 1 and digits[0] == "0" else 10
+    if base != 10 and digits[1:2].lower() in _GO_INT_BASES:
+        digits = digits[2:]
+    value = int(digits, base) * (-1 if text.startswith("-") else 1)
     if not low <= value <= high:
         raise ValueError(f'strconv.ParseInt: parsing "{text}": value out of range')
+    return value
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _go_float32(text: str) -> float:
+    if not text.isascii() or _GO_FLOAT.fullmatch(text) is None:
+        raise ValueError(f'strconv.ParseFloat: parsing "{text}": invalid syntax')
+    plain = text.replace("_", "").lower()
+    infinite = plain.lstrip("+-").startswith("inf")
+    value = float.fromhex(plain) if "x" in plain else float(plain)
+    if not infinite and abs(value) > _FLOAT32_MAX:
+        raise ValueError(f'strconv.ParseFloat: parsing "{text}": value out of range')
     return value
 
 
@@ -468,6 +504,8 @@ def _gates(text: str) -> dict[str, bool]:
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"missing bool value for {key.strip()}")
+        if not key.strip():  # "=true": no gate has an empty name
+            raise ValueError(f"unrecognized feature gate: {key.strip()}")
         gates[key.strip()] = _go_bool(value.strip())
     return gates
 
@@ -511,10 +549,7 @@ def convert(flag: Flag, text: str) -> Any:
     if kind == "level":
         return _go_int(text, 0, 2**31 - 1)
     if kind == "float32":
-        try:
-            return float(text)
-        except ValueError:
-            raise ValueError(f'strconv.ParseFloat: parsing "{text}": invalid syntax') from None
+        return _go_float32(text)
     if kind == "duration":
         try:
             parse_duration(text)

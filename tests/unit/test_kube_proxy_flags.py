@@ -14,7 +14,7 @@ from kubeplex.core.cli import kube_proxy
 from kubeplex.core.cli.config_watch import ConfigWatch
 from kubeplex.core.cli.kube_proxy_config import build
 from kubeplex.core.cli.kube_proxy_flags import FLAGS, UsageError, parse
-from kubeplex.core.cli.options import EXIT_CONFIG, EXIT_OK, EXIT_USAGE
+from kubeplex.core.cli.options import EXIT_BACKEND, EXIT_CONFIG, EXIT_OK, EXIT_USAGE
 from kubeplex.core.config.kubeproxy import DEFAULT_KNOWN_MODES, KubeProxyConfiguration
 from kubeplex.core.model.errors import InvalidObject
 
@@ -68,6 +68,66 @@ def test_bad_command_lines_name_the_flag(argv: list[str], message: str) -> None:
     with pytest.raises(UsageError, match=None) as err:
         parse(argv)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [" 5", "5 ", "\u0661\u0662", "1__0", "_1", "1_", "08", "0x", "+-1", "", "5.0", "\uff15"],
+)
+def test_integers_are_go_integer_literals_only(text: str) -> None:
+    # strconv.ParseInt(s, 0, 32) refuses spaces and non-ASCII digits, which int() accepts.
+    with pytest.raises(UsageError, match=r"strconv.ParseInt: parsing .*: invalid syntax"):
+        parse([f"--oom-score-adj={text}"])
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("-999", -999), ("+5", 5), ("010", 8), ("0o17", 15), ("0x_1F", 31), ("0b101", 5),
+     ("1_000", 1000), ("0", 0)],
+)  # fmt: skip
+def test_integers_take_every_go_literal(text: str, value: int) -> None:
+    assert parse([f"--oom-score-adj={text}"]).get("oom-score-adj") == value
+
+
+@pytest.mark.parametrize(
+    "text", [" 5", "5 ", "\u0661", "1_.5", "0x1", "e5", "1e", "+nan", "-NaN", "nan()", "0x1.8"]
+)
+def test_floats_are_go_float_literals_only(text: str) -> None:
+    with pytest.raises(UsageError, match=r"strconv.ParseFloat: parsing .*: invalid syntax"):
+        parse([f"--kube-api-qps={text}"])
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("5", 5.0), (".5", 0.5), ("5.", 5.0), ("1e3", 1000.0), ("1_000.5", 1000.5),
+     ("0x1p3", 8.0), ("0X1.8P1", 3.0), ("+Inf", float("inf")), ("-infinity", float("-inf"))],
+)  # fmt: skip
+def test_floats_take_every_go_literal(text: str, value: float) -> None:
+    assert parse([f"--kube-api-qps={text}"]).get("kube-api-qps") == value
+
+
+def test_a_float_beyond_float32_is_out_of_range() -> None:
+    with pytest.raises(UsageError, match="value out of range"):
+        parse(["--kube-api-qps=1e39"])
+
+
+@pytest.mark.parametrize("text", ["=true", " =false", "A=true,=true"])
+def test_a_feature_gate_without_a_name_is_refused(text: str) -> None:
+    with pytest.raises(UsageError, match="unrecognized feature gate"):
+        parse([f"--feature-gates={text}"])
+
+
+@pytest.mark.parametrize("where", ["folder", "full disk"])
+def test_write_config_to_where_it_cannot_be_written_is_an_error(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = str(tmp_path) if where == "folder" else "/dev/full"
+    if where == "full disk" and not Path(target).exists():
+        pytest.skip("no /dev/full here")
+    assert kube_proxy.main([f"--write-config-to={target}"]) == EXIT_BACKEND
+    err = capsys.readouterr().err
+    assert f"--write-config-to {target}: cannot write:" in err
+    assert "Traceback" not in err
 
 
 def test_every_flag_of_the_issue_is_there() -> None:
