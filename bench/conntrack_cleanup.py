@@ -1,32 +1,40 @@
-"""Conntrack cleanup: what a full reconciliation and a partial cleanup cost on a busy table.
+"""Conntrack cleanup: deleting tens of thousands of stale UDP entries, against ``conntrack -D``.
 
-In a throw-away network namespace (root), fills the conntrack table with UDP entries to the
-cluster IPs of S UDP Services (10 endpoints each), almost all DNATed to a serving endpoint and
-one in 100 to an endpoint that is gone, then prints, each the median of --repeat runs:
-* one ctnetlink listing of the UDP entries alone (the floor of any cleanup);
-* a full reconciliation (what the first sync after a start and every resync do), which must
-  delete exactly the stale entries and keep the others;
-* a partial sync that lost one endpoint (filters for it only);
-* a partial sync with nothing stale, and a resync of an unchanged cluster (no listing).
+In a throw-away network namespace (root): a UDP Service ``dns`` (cluster IP 10.96.0.10, 10
+endpoints) whose clients hold ``--stale`` flows pinned to the endpoint that leaves and
+``--live`` flows pinned to the others, plus ``--other`` flows to an address that is no
+Service. For each way of deleting the stale flows the table is filled afresh (as
+``conntrack -I`` does, over ctnetlink) and the time is the median of ``--repeat`` runs:
 
-Usage: python bench/conntrack_cleanup.py [--entries 10000] [--services 1000] [--repeat 3]
+* ``conntrack -D`` of exactly those entries (a filtered dump-and-delete in C): the floor;
+* with ``--before``, what kubeplex did before: a pyroute2 listing and one request per entry
+  (about a minute for 40,000 entries, so once);
+* kubeplex: the cleanup after the sync that lost the endpoint, a full reconciliation (the
+  first sync after a start), and the ctnetlink listing alone;
+* how long the sync that lost the endpoint spends in the cleaner, with the cleanup inline and
+  with it on the cleaner's thread (the daemon's way).
+
+Each run checks that the stale entries, and only they, are gone.
+
+Usage: python bench/conntrack_cleanup.py [--stale 40000] [--live 1000] [--other 1000]
+       [--repeat 3] [--before]
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
+import resource
 import socket
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
 
 from common import Netns
-from pyroute2 import Conntrack
-from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
 
-from kubeplex.core.daemon.conntrack import UDP, ConntrackCleaner, NetlinkConntrack
+from kubeplex.core.daemon.conntrack import UDP, ConntrackCleaner
+from kubeplex.core.daemon.ctnetlink import Flow, NetlinkConntrack
 from kubeplex.core.dataplane.backend import SyncResult
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.graph import ProxyState
@@ -34,97 +42,194 @@ from kubeplex.core.model.types import IPFamily
 from kubeplex.testing.dataplane import endpoint, endpoint_slice, service
 
 NODE = "bench-node"
-CLIENT = "10.244.0.3"
-PORT, TARGET = 53, 8081
+VIP, PORT, TARGET = "10.96.0.10", 53, 8081
+PODS = [f"10.128.0.{j + 2}" for j in range(10)]
+LEAVING = PODS[-1]
 
 
-def vip(i: int) -> str:
-    return f"10.96.{i // 250}.{i % 250 + 1}"
+def flows(stale: int, live: int, other: int) -> tuple[list[Flow], list[Flow]]:
+    """(the stale flows, the ones that stay): clients 10.244.x.y, one source port each."""
+
+    def flow(n: int, dst: str, to: str) -> Flow:
+        client = f"10.244.{n // 60000}.{n % 250 + 2}"
+        sport = 1024 + n % 60000
+        return Flow(UDP, client, dst, sport, PORT, to, client, TARGET, sport)
+
+    gone = [flow(n, VIP, LEAVING) for n in range(stale)]
+    stay = [flow(stale + n, VIP, PODS[n % 9]) for n in range(live)]
+    stay += [flow(stale + live + n, "10.96.0.99", "10.128.1.2") for n in range(other)]
+    return gone, stay
 
 
-def pod(i: int, j: int) -> str:
-    """Endpoint j of Service i (j = 10: one that is not in the Service any more)."""
-    return str(ipaddress.IPv4Address("10.128.0.2") + i * 11 + j)
+def states() -> tuple[ProxyState, ProxyState]:
+    """(the first sync's state, the sync's that lost ``LEAVING``)."""
+    state = ClusterState(NODE, (IPFamily.IPv4,))
+    state.set_service(service("dns", VIP, PORT, target_port=TARGET, protocol="UDP"))
+
+    def endpoints(pods: list[str]) -> dict[str, Any]:
+        return endpoint_slice("dns", [endpoint(p, NODE) for p in pods], port=TARGET, protocol="UDP")
+
+    state.set_endpoint_slice(endpoints(PODS))
+    first = state.checkout(full=True)
+    state.set_endpoint_slice(endpoints(PODS[:-1]))
+    return first, state.checkout()
 
 
-def endpoints_of(i: int, gone: int | None = None) -> dict[str, Any]:
-    eps = [endpoint(pod(i, j), NODE) for j in range(10) if j != gone]
-    return endpoint_slice(f"dns-{i}", eps, port=TARGET, protocol="UDP")
+def fill(ns: str, entries: list[Flow]) -> None:
+    with NetlinkConntrack(IPFamily.IPv4, ns) as table:
+        table.delete(table.flows(UDP))
+        assert table.add(entries, timeout=3600) == len(entries)
 
 
-def fill(netns: str, entries: int, services: int) -> int:
-    """UDP entries from CLIENT to the Services; every 100th to an endpoint that left (j=10)."""
-    ct = Conntrack(netns=netns, flags=0)
-    stale = 0
+def remaining(ns: str) -> set[Flow]:
+    with NetlinkConntrack(IPFamily.IPv4, ns) as table:
+        return {
+            Flow(f.proto, f.orig_src, f.orig_dst, f.orig_sport, f.orig_dport, f.reply_src,
+                 f.reply_dst, f.reply_sport, f.reply_dport)
+            for f in table.flows(UDP)
+        }  # fmt: skip
+
+
+def conntrack_tool(ns: str) -> None:
+    argv = ["conntrack", "-D", "-p", "udp", "--orig-dst", VIP, "--reply-src", LEAVING]
+    subprocess.run(["ip", "netns", "exec", ns, *argv], check=True, capture_output=True)
+
+
+def pyroute2_one_by_one(ns: str) -> None:
+    """The cleanup as it was: a pyroute2 listing, then one delete request per stale entry."""
+    from pyroute2 import Conntrack
+    from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
+
+    ct = Conntrack(netns=ns, flags=0)
     try:
-        for n in range(entries):
-            i, sport = n % services, 1024 + n // services
-            j = 10 if n % 100 == 99 else n // services % 10
-            stale += j == 10
-            dst, ep = vip(i), pod(i, j)
-            orig = NFCTAttrTuple(
-                socket.AF_INET, saddr=CLIENT, daddr=dst, proto=UDP, sport=sport, dport=PORT
-            )
-            reply = NFCTAttrTuple(
-                socket.AF_INET, saddr=ep, daddr=CLIENT, proto=UDP, sport=TARGET, dport=sport
-            )
-            ct.entry("add", tuple_orig=orig, tuple_reply=reply, timeout=3600)
+        for msg in list(ct.dump(tuple_orig=NFCTAttrTuple(socket.AF_INET, proto=UDP))):
+            orig, reply = msg.get_attr("CTA_TUPLE_ORIG"), msg.get_attr("CTA_TUPLE_REPLY")
+            oip, oproto = orig.get_attr("CTA_TUPLE_IP"), orig.get_attr("CTA_TUPLE_PROTO")
+            rip = reply.get_attr("CTA_TUPLE_IP")
+            dst, to = oip.get_attr("CTA_IP_V4_DST"), rip.get_attr("CTA_IP_V4_SRC")
+            if dst == VIP and to == LEAVING:
+                tup = NFCTAttrTuple(
+                    socket.AF_INET,
+                    saddr=oip.get_attr("CTA_IP_V4_SRC"),
+                    daddr=dst,
+                    proto=UDP,
+                    sport=oproto.get_attr("CTA_PROTO_SRC_PORT"),
+                    dport=oproto.get_attr("CTA_PROTO_DST_PORT"),
+                )
+                ct.entry("del", tuple_orig=tup)
     finally:
         ct.close()
-    return stale
 
 
-def median_ms(run: Callable[[], object], repeat: int) -> float:
+def median_s(
+    ns: str,
+    entries: list[Flow],
+    expect: set[Flow],
+    prepare: Callable[[], Callable[[], object]],
+    repeat: int,
+) -> float:
+    """Fill, prepare, run, check what is left; the median (wall, CPU) seconds of the run."""
+    walls, cpus = [], []
+    for _ in range(repeat):
+        fill(ns, entries)
+        run = prepare()
+        start, cpu = time.perf_counter(), cpu_seconds()
+        run()
+        walls.append(time.perf_counter() - start)
+        cpus.append(cpu_seconds() - cpu)
+        left = remaining(ns)
+        assert left == expect, f"{len(left)} entries left, {len(expect)} expected"
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def cpu_seconds() -> float:
+    """User and system CPU of this process and its finished children (the kernel's work
+    for a netlink request is done in the requester's time, so this is a figure that other
+    load on the machine does not inflate as it does wall time)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def figure(what: str, took: tuple[float, float], floor: tuple[float, float] | None) -> None:
+    ratio = f"  ({took[0] / floor[0]:5.1f}x, CPU {took[1] / floor[1]:5.1f}x)" if floor else ""
+    print(f"  {what + ':':34} {took[0]:8.3f} s  CPU {took[1]:7.3f} s{ratio}")
+
+
+def in_sync_s(ns: str, entries: list[Flow], background: bool, repeat: int) -> float:
+    """How long the sync that lost the endpoint spends in the cleaner (median)."""
+    first, lost = states()
     times = []
     for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
+        fill(ns, entries)
+        cleaner = ConntrackCleaner(ns, background=background)
+        try:
+            cleaner(first, SyncResult(full=True), 0.0)
+            assert cleaner.wait_idle(600)
+            start = time.perf_counter()
+            cleaner(lost, SyncResult(full=False), 0.0)
+            times.append(time.perf_counter() - start)
+            assert cleaner.wait_idle(600)
+        finally:
+            cleaner.close()
+    return statistics.median(times)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--entries", type=int, default=10_000)
-    ap.add_argument("--services", type=int, default=1_000)
+    ap.add_argument("--stale", type=int, default=40_000)
+    ap.add_argument("--live", type=int, default=1_000)
+    ap.add_argument("--other", type=int, default=1_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--before", action="store_true", help="also time the pyroute2 way (slow)")
     args = ap.parse_args()
 
-    state = ClusterState(NODE, (IPFamily.IPv4,))
-    for i in range(args.services):
-        state.set_service(service(f"dns-{i}", vip(i), PORT, target_port=TARGET, protocol="UDP"))
-        state.set_endpoint_slice(endpoints_of(i))
-    full = state.checkout(full=True)
-    state.set_endpoint_slice(endpoints_of(0, gone=3))
-    lost_one = state.checkout()
-    state.set_endpoint_slice(endpoints_of(0, gone=3))
-    nothing: ProxyState = state.checkout()
-    resync = state.checkout(full=True)
-
+    gone, stay = flows(args.stale, args.live, args.other)
+    entries, expect = [*gone, *stay], set(stay)
+    first, lost = states()
+    print(f"{args.stale} stale UDP entries, {len(stay)} that stay; median of {args.repeat}")
     with Netns() as ns:
-        start = time.perf_counter()
-        stale = fill(ns, args.entries, args.services)
-        print(f"{args.entries} UDP entries ({stale} stale), {args.services} UDP Services: "
-              f"filled in {time.perf_counter() - start:.1f} s")  # fmt: skip
+        floor = median_s(ns, entries, expect, lambda: lambda: conntrack_tool(ns), args.repeat)
+        figure("conntrack -D (the floor)", floor, None)
+        if args.before:
+            took = median_s(ns, entries, expect, lambda: lambda: pyroute2_one_by_one(ns), 1)
+            figure("before: pyroute2, one by one", took, floor)
 
-        def listing() -> None:
+        def partial() -> Callable[[], None]:
+            cleaner = ConntrackCleaner(ns)
+            cleaner(first, SyncResult(full=True), 0.0)  # (the first sync: nothing stale yet)
+
+            def run() -> None:
+                cleaner(lost, SyncResult(full=False), 0.0)
+                assert cleaner.deleted == {IPFamily.IPv4: len(gone)}, cleaner.deleted
+
+            return run
+
+        figure("the sync that lost it", median_s(ns, entries, expect, partial, args.repeat), floor)
+
+        def full() -> Callable[[], None]:
+            cleaner = ConntrackCleaner(ns)  # a fresh one reconciles
+
+            def run() -> None:
+                cleaner(lost, SyncResult(full=True), 0.0)
+                assert cleaner.deleted == {IPFamily.IPv4: len(gone)}, cleaner.deleted
+
+            return run
+
+        figure("a full reconciliation", median_s(ns, entries, expect, full, args.repeat), floor)
+
+        fill(ns, entries)
+        walls, cpus = [], []
+        for _ in range(args.repeat):
+            start, cpu = time.perf_counter(), cpu_seconds()
             with NetlinkConntrack(IPFamily.IPv4, ns) as table:
-                table.flows(UDP)
-
-        first = ConntrackCleaner(ns)
-        first(full, SyncResult(full=True), 0.0)
-        assert first.deleted == {IPFamily.IPv4: stale}, first.deleted
-        print(f"  listing alone:              {median_ms(listing, args.repeat):8.1f} ms")
-
-        def reconcile() -> None:  # a fresh cleaner: the first sync after a start
-            ConntrackCleaner(ns)(full, SyncResult(full=True), 0.0)
-
-        print(f"  full reconciliation:        {median_ms(reconcile, args.repeat):8.1f} ms")
-        for what, proxy_state in (("one endpoint lost", lost_one), ("nothing stale", nothing)):
-            ms = median_ms(lambda s=proxy_state: first(s, SyncResult(full=False), 0.0), args.repeat)
-            print(f"  partial, {what + ':':18} {ms:8.1f} ms")
-        ms = median_ms(lambda: first(resync, SyncResult(full=True), 0.0), args.repeat)
-        print(f"  resync, nothing changed:    {ms:8.1f} ms")
+                assert len(table.flows(UDP)) == len(entries)
+            walls.append(time.perf_counter() - start)
+            cpus.append(cpu_seconds() - cpu)
+        figure("the listing alone", (statistics.median(walls), statistics.median(cpus)), floor)
+        for background in (False, True):
+            took = in_sync_s(ns, entries, background, args.repeat)
+            how = "on its own thread" if background else "inline"
+            print(f"  the sync's wait for it, {how + ':':18}{took * 1000:8.1f} ms")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import operator
 import os
 import socket
 import struct
@@ -122,8 +123,89 @@ def _tuple(
     return ip + _nested(_CTA_TUPLE_PROTO, _attr(_CTA_PROTO_NUM, bytes((proto,))), ports)
 
 
+class _Layout:
+    """The usual shape of a flow's two tuples in one family: addresses, protocol and both
+    ports, as ``ctnetlink_dump_tuples`` writes them first in every dumped entry. A tuple
+    pair of that shape is read, and a deletion by tuple and id written, with one (un)pack;
+    anything else (a zone in a tuple, no ports) takes the attribute-by-attribute way."""
+
+    def __init__(self, family: int) -> None:
+        size = 4 if family == socket.AF_INET else 16
+        src, dst = (
+            (_CTA_IP_V4_SRC, _CTA_IP_V4_DST) if size == 4 else (_CTA_IP_V6_SRC, _CTA_IP_V6_DST)
+        )
+        ip_len, proto_len = 4 + 2 * (4 + size), 4 + 3 * 8
+        self.tuple_len = 4 + ip_len + proto_len
+        #: One tuple: its attribute header, the addresses', the protocol's and ports'. The
+        #: ports are in network order (socket.ntohs/htons).
+        one = f"HH HH HH{size}s HH{size}s HH HHB3x HHH2x HHH2x"
+        self.pair = struct.Struct("=" + one + one)
+        self.heads = operator.itemgetter(*_HEADS, *(21 + i for i in _HEADS))
+        nested = _NLA_F_NESTED
+        common = (ip_len, _CTA_TUPLE_IP | nested, 4 + size, src, 4 + size, dst, proto_len,
+                  _CTA_TUPLE_PROTO | nested, 5, _CTA_PROTO_NUM, 6, _CTA_PROTO_SRC_PORT, 6,
+                  _CTA_PROTO_DST_PORT)  # fmt: skip
+        self.tuple_heads = (self.tuple_len, _CTA_TUPLE_ORIG | nested, *common)
+        #: What ``heads`` gives for a pair of this shape.
+        self.expected = (*self.tuple_heads, self.tuple_len, _CTA_TUPLE_REPLY | nested, *common)
+        self.delete = struct.Struct("=IHHII BBH" + one + "HHI")
+
+    def decode(
+        self, buf: bytes, pos: int, names: dict[bytes, str], zone: int | None, ct_id: int | None
+    ) -> Flow | None:
+        """The flow whose tuples start at ``pos``, None if they are not of this shape."""
+        f = self.pair.unpack_from(buf, pos)
+        if self.heads(f) != self.expected:
+            return None
+        return Flow(
+            f[14],
+            names.get(f[6]) or _name(names, f[6]),
+            names.get(f[9]) or _name(names, f[9]),
+            socket.ntohs(f[17]),
+            socket.ntohs(f[20]),
+            names.get(f[27]) or _name(names, f[27]),
+            names.get(f[30]) or _name(names, f[30]),
+            socket.ntohs(f[38]),
+            socket.ntohs(f[41]),
+            zone,
+            ct_id,
+        )
+
+    def encode_delete(self, seq: int, family: int, flow: Flow, flags: int) -> bytes:
+        """The deletion of a flow with ports and an id, in no zone."""
+        assert flow.orig_sport is not None and flow.orig_dport is not None
+        assert flow.ct_id is not None
+        h = self.tuple_heads
+        return self.delete.pack(
+            self.delete.size, _CT_DELETE, flags, seq, 0, family, 0, 0,
+            h[0], h[1], h[2], h[3], h[4], h[5], socket.inet_pton(family, flow.orig_src),
+            h[6], h[7], socket.inet_pton(family, flow.orig_dst), h[8], h[9], h[10], h[11],
+            flow.proto, h[12], h[13], socket.htons(flow.orig_sport), h[14], h[15],
+            socket.htons(flow.orig_dport), 8, _CTA_ID, socket.htonl(flow.ct_id),
+        )  # fmt: skip
+
+
+#: The header fields of a tuple in ``_Layout.pair`` (the others: addresses, protocol, ports).
+_HEADS = (0, 1, 2, 3, 4, 5, 7, 8, 10, 11, 12, 13, 15, 16, 18, 19)
+_LAYOUTS: dict[int, _Layout] = {af: _Layout(af) for af in (socket.AF_INET, socket.AF_INET6)}
+
+
+def _name(names: dict[bytes, str], raw: bytes) -> str:
+    """The model's spelling of a packed address (IPv6 compressed), kept in ``names``."""
+    name = names[raw] = str(ipaddress.ip_address(raw))
+    return name
+
+
 def delete_message(seq: int, family: int, flow: Flow, *, ack: bool) -> bytes:
     """IPCTNL_MSG_CT_DELETE of one entry, by its original tuple, zone and id."""
+    flags = _NLM_F_REQUEST | (_NLM_F_ACK if ack else 0)
+    if (
+        not flow.zone
+        and flow.ct_id is not None
+        and flow.orig_sport is not None
+        and flow.orig_dport is not None
+    ):
+        return _LAYOUTS[family].encode_delete(seq, family, flow, flags)
     attrs = _nested(
         _CTA_TUPLE_ORIG,
         _tuple(family, flow.orig_src, flow.orig_dst, flow.proto, flow.orig_sport, flow.orig_dport),
@@ -132,7 +214,6 @@ def delete_message(seq: int, family: int, flow: Flow, *, ack: bool) -> bytes:
         attrs += _attr(_CTA_ZONE, _BE16.pack(flow.zone))
     if flow.ct_id is not None:
         attrs += _attr(_CTA_ID, _BE32.pack(flow.ct_id))
-    flags = _NLM_F_REQUEST | (_NLM_F_ACK if ack else 0)
     return _message(_CT_DELETE, flags, seq, family, attrs)
 
 
@@ -200,15 +281,11 @@ def _decode_tuple(buf: bytes, pos: int, end: int, names: dict[bytes, str]) -> _T
                 if isize < 4:
                     break
                 raw = buf[inner + 4 : inner + isize]
-                name = names.get(raw)
-                if name is None:
-                    # str(ip_address) is the model's spelling of an address (IPv6 compressed).
-                    name = names[raw] = str(ipaddress.ip_address(raw))
                 ikind &= _NLA_TYPE_MASK
-                if ikind in (_CTA_IP_V4_SRC, _CTA_IP_V6_SRC):
-                    src = name
-                elif ikind in (_CTA_IP_V4_DST, _CTA_IP_V6_DST):
-                    dst = name
+                if len(raw) in (4, 16) and ikind in (_CTA_IP_V4_SRC, _CTA_IP_V6_SRC):
+                    src = names.get(raw) or _name(names, raw)
+                elif len(raw) in (4, 16) and ikind in (_CTA_IP_V4_DST, _CTA_IP_V6_DST):
+                    dst = names.get(raw) or _name(names, raw)
                 inner += (isize + 3) & ~3
         elif kind == _CTA_TUPLE_PROTO:
             while inner + 4 <= inner_end:
@@ -216,11 +293,11 @@ def _decode_tuple(buf: bytes, pos: int, end: int, names: dict[bytes, str]) -> _T
                 if isize < 4:
                     break
                 ikind &= _NLA_TYPE_MASK
-                if ikind == _CTA_PROTO_NUM:
+                if ikind == _CTA_PROTO_NUM and isize >= 5:
                     proto = buf[inner + 4]
-                elif ikind == _CTA_PROTO_SRC_PORT:
+                elif ikind == _CTA_PROTO_SRC_PORT and isize >= 6:
                     sport = _BE16.unpack_from(buf, inner + 4)[0]
-                elif ikind == _CTA_PROTO_DST_PORT:
+                elif ikind == _CTA_PROTO_DST_PORT and isize >= 6:
                     dport = _BE16.unpack_from(buf, inner + 4)[0]
                 inner += (isize + 3) & ~3
         pos += (size + 3) & ~3
@@ -228,9 +305,14 @@ def _decode_tuple(buf: bytes, pos: int, end: int, names: dict[bytes, str]) -> _T
 
 
 def _decode_entry(buf: bytes, pos: int, end: int, names: dict[bytes, str]) -> Flow | None:
+    layout = _LAYOUTS.get(buf[pos])  # (nfgenmsg's family)
+    pos += _NFGEN.size
+    if layout is not None and pos + layout.pair.size <= end:
+        flow = layout.decode(buf, pos, names, *_zone_and_id(buf, pos + layout.pair.size, end))
+        if flow is not None:
+            return flow
     orig = reply = None
     zone = ct_id = None
-    pos += _NFGEN.size
     while pos + 4 <= end:
         size, kind = _NLA.unpack_from(buf, pos)
         if size < 4:
@@ -251,6 +333,23 @@ def _decode_entry(buf: bytes, pos: int, end: int, names: dict[bytes, str]) -> Fl
     if osrc is None or odst is None or rsrc is None or rdst is None or proto is None:
         return None  # an entry without the parts a Service flow has
     return Flow(proto, osrc, odst, osport, odport, rsrc, rdst, rsport, rdport, zone, ct_id)
+
+
+def _zone_and_id(buf: bytes, pos: int, end: int) -> tuple[int | None, int | None]:
+    """The CTA_ZONE and CTA_ID among an entry's attributes from ``pos`` (the zone comes
+    before the id, the rest after)."""
+    zone = None
+    while pos + 4 <= end:
+        size, kind = _NLA.unpack_from(buf, pos)
+        if size < 4:
+            break
+        kind &= _NLA_TYPE_MASK
+        if kind == _CTA_ID and size >= 8:
+            return zone, _BE32.unpack_from(buf, pos + 4)[0]
+        if kind == _CTA_ZONE and size >= 6:
+            zone = _BE16.unpack_from(buf, pos + 4)[0]
+        pos += (size + 3) & ~3
+    return zone, None
 
 
 def parse_dump(data: bytes, seq: int, flows: list[Flow], names: dict[bytes, str]) -> bool:
