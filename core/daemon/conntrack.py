@@ -447,6 +447,11 @@ class ConntrackCleaner:
             else:
                 self._worker.submit(family, plan)
 
+    @property
+    def background(self) -> bool:
+        """True if the cleanups run on the cleaner's own thread."""
+        return self._worker is not None
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait for the cleanups queued so far; False if ``timeout`` passed first."""
         return self._worker is None or self._worker.wait_idle(timeout)

@@ -8,7 +8,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pytest
+from test_healthcheck import FakeBackend
 
+from kubeplex.core.config.kubeproxy import default_config
 from kubeplex.core.daemon.conntrack import (
     SCTP,
     UDP,
@@ -20,6 +22,8 @@ from kubeplex.core.daemon.conntrack import (
     stale_flow_filters,
 )
 from kubeplex.core.daemon.ctnetlink import Flow, NetlinkConntrack
+from kubeplex.core.daemon.operations import start_operations
+from kubeplex.core.daemon.proxier import Proxier
 from kubeplex.core.dataplane.backend import SyncResult
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.types import IPFamily
@@ -458,3 +462,23 @@ def test_live_flows_judge_a_service_ip_by_its_own_frontend_not_a_node_port() -> 
     assert not live.serves(flow(VIP, EP_B)) and not live.serves(flow(VIP, EP_A, rport=9000))
     assert not live.serves(flow("10.96.0.11", EP_A, dport=30053))  # not dns' NodePort
     assert not live.serves(flow(VIP, EP_A, proto=SCTP))
+
+
+@pytest.mark.parametrize("serve", [True, False], ids=["daemon", "once"])
+def test_the_daemon_cleans_conntrack_off_the_sync_loop_unless_it_runs_once(serve: bool) -> None:
+    cluster = ClusterState(NODE, (IPFamily.IPv4,))
+    ops = start_operations(
+        default_config(),
+        Proxier(cluster, FakeBackend()),
+        cluster,
+        serve=serve,
+        sysctls=False,
+        healthz_address="127.0.0.1:0",
+        metrics_address="127.0.0.1:0",
+        service_health_addresses=("127.0.0.1",),
+        poll_interval=3600,
+    )
+    try:
+        assert ops.conntrack.enabled and ops.conntrack.background is serve
+    finally:
+        ops.stop()
