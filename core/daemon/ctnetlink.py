@@ -1,9 +1,11 @@
 """The conntrack table over ctnetlink: one dump per protocol, deletions in pipelined batches.
 
-pyroute2's Conntrack builds an object tree per message and waits for an answer per request:
-about 0.7 ms an entry to list and as much to delete, so 40,000 stale entries held a cleanup
-for tens of seconds. Here the few attributes a cleanup reads are decoded straight from the
-dump, and the deletions are encoded once and sent ``BATCH`` to a write: the kernel answers
+pyroute2's Conntrack builds an object tree for every message and waits for the answer to
+each request before it sends the next: for tens of thousands of stale entries that was
+nearly all of a cleanup (bench/conntrack_cleanup.py compares the ways with ``conntrack -D``).
+Here the few attributes a cleanup reads are decoded straight from the dump (the usual shape
+of an entry's tuples with one unpack), and the deletions are sent ``BATCH`` to a write: the
+kernel answers
 only the ones that fail, and the last one of each batch, which asks for an acknowledgement,
 says that all before it were handled (a netlink socket handles a write's messages in order).
 Each deletion names the entry's ``CTA_ID`` as well as its tuple, as upstream's do (they
@@ -19,7 +21,7 @@ import operator
 import os
 import socket
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from kubeplex.core.dataplane.netns import NETNS_DIR, run_in_netns
@@ -123,6 +125,10 @@ def _tuple(
     return ip + _nested(_CTA_TUPLE_PROTO, _attr(_CTA_PROTO_NUM, bytes((proto,))), ports)
 
 
+def _orig(flow: Flow) -> tuple[str, str, int, int | None, int | None]:
+    return flow.orig_src, flow.orig_dst, flow.proto, flow.orig_sport, flow.orig_dport
+
+
 class _Layout:
     """The usual shape of a flow's two tuples in one family: addresses, protocol and both
     ports, as ``ctnetlink_dump_tuples`` writes them first in every dumped entry. A tuple
@@ -171,17 +177,17 @@ class _Layout:
             ct_id,
         )
 
-    def encode_delete(self, seq: int, family: int, flow: Flow, flags: int) -> bytes:
-        """The deletion of a flow with ports and an id, in no zone."""
-        assert flow.orig_sport is not None and flow.orig_dport is not None
-        assert flow.ct_id is not None
+    def encode_delete(
+        self, seq: int, flags: int, family: int, flow: Flow, sport: int, dport: int, ct_id: int
+    ) -> bytes:
+        """The deletion of a flow with ports (``sport``, ``dport``) and an id, in no zone."""
         h = self.tuple_heads
         return self.delete.pack(
             self.delete.size, _CT_DELETE, flags, seq, 0, family, 0, 0,
             h[0], h[1], h[2], h[3], h[4], h[5], socket.inet_pton(family, flow.orig_src),
             h[6], h[7], socket.inet_pton(family, flow.orig_dst), h[8], h[9], h[10], h[11],
-            flow.proto, h[12], h[13], socket.htons(flow.orig_sport), h[14], h[15],
-            socket.htons(flow.orig_dport), 8, _CTA_ID, socket.htonl(flow.ct_id),
+            flow.proto, h[12], h[13], socket.htons(sport), h[14], h[15], socket.htons(dport),
+            8, _CTA_ID, socket.htonl(ct_id),
         )  # fmt: skip
 
 
@@ -199,17 +205,10 @@ def _name(names: dict[bytes, str], raw: bytes) -> str:
 def delete_message(seq: int, family: int, flow: Flow, *, ack: bool) -> bytes:
     """IPCTNL_MSG_CT_DELETE of one entry, by its original tuple, zone and id."""
     flags = _NLM_F_REQUEST | (_NLM_F_ACK if ack else 0)
-    if (
-        not flow.zone
-        and flow.ct_id is not None
-        and flow.orig_sport is not None
-        and flow.orig_dport is not None
-    ):
-        return _LAYOUTS[family].encode_delete(seq, family, flow, flags)
-    attrs = _nested(
-        _CTA_TUPLE_ORIG,
-        _tuple(family, flow.orig_src, flow.orig_dst, flow.proto, flow.orig_sport, flow.orig_dport),
-    )
+    sport, dport, ct_id = flow.orig_sport, flow.orig_dport, flow.ct_id
+    if not flow.zone and sport is not None and dport is not None and ct_id is not None:
+        return _LAYOUTS[family].encode_delete(seq, flags, family, flow, sport, dport, ct_id)
+    attrs = _nested(_CTA_TUPLE_ORIG, _tuple(family, *_orig(flow)))
     if flow.zone:
         attrs += _attr(_CTA_ZONE, _BE16.pack(flow.zone))
     if flow.ct_id is not None:
@@ -220,24 +219,10 @@ def delete_message(seq: int, family: int, flow: Flow, *, ack: bool) -> bytes:
 def new_message(seq: int, family: int, flow: Flow, timeout: int, *, ack: bool) -> bytes:
     """IPCTNL_MSG_CT_NEW of one entry with both its tuples (the reply says where it was
     NATed to), as ``conntrack -I`` makes it."""
+    reply = (flow.reply_src, flow.reply_dst, flow.proto, flow.reply_sport, flow.reply_dport)
     attrs = (
-        _nested(
-            _CTA_TUPLE_ORIG,
-            _tuple(
-                family, flow.orig_src, flow.orig_dst, flow.proto, flow.orig_sport, flow.orig_dport
-            ),
-        )
-        + _nested(
-            _CTA_TUPLE_REPLY,
-            _tuple(
-                family,
-                flow.reply_src,
-                flow.reply_dst,
-                flow.proto,
-                flow.reply_sport,
-                flow.reply_dport,
-            ),
-        )
+        _nested(_CTA_TUPLE_ORIG, _tuple(family, *_orig(flow)))
+        + _nested(_CTA_TUPLE_REPLY, _tuple(family, *reply))
         + _attr(_CTA_TIMEOUT, _BE32.pack(timeout))
     )
     if flow.zone:
@@ -266,67 +251,54 @@ def dump_message(seq: int, family: int, proto: int | None) -> bytes:
 _Tuple = tuple[str | None, str | None, int | None, int | None, int | None]
 
 
+def _attrs(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(type, payload start, payload end) of each attribute from ``pos`` to ``end``."""
+    while pos + 4 <= end:
+        size, kind = _NLA.unpack_from(buf, pos)
+        if size < 4 or pos + size > end:
+            return
+        yield kind & _NLA_TYPE_MASK, pos + 4, pos + size
+        pos += (size + 3) & ~3
+
+
 def _decode_tuple(buf: bytes, pos: int, end: int, names: dict[bytes, str]) -> _Tuple:
     src = dst = None
     proto = sport = dport = None
-    while pos + 4 <= end:
-        size, kind = _NLA.unpack_from(buf, pos)
-        if size < 4:
-            break
-        kind &= _NLA_TYPE_MASK
-        inner, inner_end = pos + 4, pos + size
+    for kind, start, stop in _attrs(buf, pos, end):
         if kind == _CTA_TUPLE_IP:
-            while inner + 4 <= inner_end:
-                isize, ikind = _NLA.unpack_from(buf, inner)
-                if isize < 4:
-                    break
-                raw = buf[inner + 4 : inner + isize]
-                ikind &= _NLA_TYPE_MASK
-                if len(raw) in (4, 16) and ikind in (_CTA_IP_V4_SRC, _CTA_IP_V6_SRC):
+            for ikind, istart, istop in _attrs(buf, start, stop):
+                raw = buf[istart:istop]
+                if len(raw) not in (4, 16):
+                    continue
+                if ikind in (_CTA_IP_V4_SRC, _CTA_IP_V6_SRC):
                     src = names.get(raw) or _name(names, raw)
-                elif len(raw) in (4, 16) and ikind in (_CTA_IP_V4_DST, _CTA_IP_V6_DST):
+                elif ikind in (_CTA_IP_V4_DST, _CTA_IP_V6_DST):
                     dst = names.get(raw) or _name(names, raw)
-                inner += (isize + 3) & ~3
         elif kind == _CTA_TUPLE_PROTO:
-            while inner + 4 <= inner_end:
-                isize, ikind = _NLA.unpack_from(buf, inner)
-                if isize < 4:
-                    break
-                ikind &= _NLA_TYPE_MASK
-                if ikind == _CTA_PROTO_NUM and isize >= 5:
-                    proto = buf[inner + 4]
-                elif ikind == _CTA_PROTO_SRC_PORT and isize >= 6:
-                    sport = _BE16.unpack_from(buf, inner + 4)[0]
-                elif ikind == _CTA_PROTO_DST_PORT and isize >= 6:
-                    dport = _BE16.unpack_from(buf, inner + 4)[0]
-                inner += (isize + 3) & ~3
-        pos += (size + 3) & ~3
+            for ikind, istart, istop in _attrs(buf, start, stop):
+                if ikind == _CTA_PROTO_NUM and istop > istart:
+                    proto = buf[istart]
+                elif ikind == _CTA_PROTO_SRC_PORT and istop - istart >= 2:
+                    sport = _BE16.unpack_from(buf, istart)[0]
+                elif ikind == _CTA_PROTO_DST_PORT and istop - istart >= 2:
+                    dport = _BE16.unpack_from(buf, istart)[0]
     return src, dst, proto, sport, dport
 
 
 def _decode_entry(buf: bytes, pos: int, end: int, names: dict[bytes, str]) -> Flow | None:
     layout = _LAYOUTS.get(buf[pos])  # (nfgenmsg's family)
     pos += _NFGEN.size
+    zone, ct_id = _zone_and_id(buf, pos, end)
     if layout is not None and pos + layout.pair.size <= end:
-        flow = layout.decode(buf, pos, names, *_zone_and_id(buf, pos + layout.pair.size, end))
+        flow = layout.decode(buf, pos, names, zone, ct_id)
         if flow is not None:
             return flow
     orig = reply = None
-    zone = ct_id = None
-    while pos + 4 <= end:
-        size, kind = _NLA.unpack_from(buf, pos)
-        if size < 4:
-            break
-        kind &= _NLA_TYPE_MASK
+    for kind, start, stop in _attrs(buf, pos, end):
         if kind == _CTA_TUPLE_ORIG:
-            orig = _decode_tuple(buf, pos + 4, pos + size, names)
+            orig = _decode_tuple(buf, start, stop, names)
         elif kind == _CTA_TUPLE_REPLY:
-            reply = _decode_tuple(buf, pos + 4, pos + size, names)
-        elif kind == _CTA_ID and size >= 8:
-            ct_id = _BE32.unpack_from(buf, pos + 4)[0]
-        elif kind == _CTA_ZONE and size >= 6:
-            zone = _BE16.unpack_from(buf, pos + 4)[0]
-        pos += (size + 3) & ~3
+            reply = _decode_tuple(buf, start, stop, names)
     if orig is None or reply is None:
         return None
     (osrc, odst, proto, osport, odport), (rsrc, rdst, _, rsport, rdport) = orig, reply
@@ -336,19 +308,14 @@ def _decode_entry(buf: bytes, pos: int, end: int, names: dict[bytes, str]) -> Fl
 
 
 def _zone_and_id(buf: bytes, pos: int, end: int) -> tuple[int | None, int | None]:
-    """The CTA_ZONE and CTA_ID among an entry's attributes from ``pos`` (the zone comes
-    before the id, the rest after)."""
+    """An entry's CTA_ZONE and CTA_ID (the zone comes before the id, the id before what
+    the cleanup does not read)."""
     zone = None
-    while pos + 4 <= end:
-        size, kind = _NLA.unpack_from(buf, pos)
-        if size < 4:
-            break
-        kind &= _NLA_TYPE_MASK
-        if kind == _CTA_ID and size >= 8:
-            return zone, _BE32.unpack_from(buf, pos + 4)[0]
-        if kind == _CTA_ZONE and size >= 6:
-            zone = _BE16.unpack_from(buf, pos + 4)[0]
-        pos += (size + 3) & ~3
+    for kind, start, stop in _attrs(buf, pos, end):
+        if kind == _CTA_ID and stop - start >= 4:
+            return zone, _BE32.unpack_from(buf, start)[0]
+        if kind == _CTA_ZONE and stop - start >= 2:
+            zone = _BE16.unpack_from(buf, start)[0]
     return zone, None
 
 

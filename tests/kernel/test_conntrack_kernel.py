@@ -5,6 +5,10 @@ entry, change the Service, sync, and look at who answers the next datagram: with
 the flow is load-balanced again, without it the stale entry keeps sending it to the old place
 (a removed endpoint, or nowhere). Which entries are stale is tested without the kernel in
 tests/unit/test_conntrack.py.
+
+The ctnetlink table is checked against the conntrack tool, and a cleanup of 40,000 stale
+entries against a Service change made while it runs: the change is programmed first, then
+every stale entry goes and every live one stays the same entry.
 """
 
 from __future__ import annotations
