@@ -282,6 +282,7 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
         )
         listed = [p for p in plans if p.full and p.settings.ip in observed.listed]
         if not listed:
+            _stage_fresh(rendered, observed)
             return
         if observed.tables is None:
             rendered.listing_failed = tuple(p.settings.family for p in listed)
@@ -305,6 +306,8 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
             lines = rendered.kernel_input().count("\n")
             if lines > max(STAGE_MIN_LINES, STAGE_LINES):
                 rendered.stages = _stages(plans)
+        else:
+            _stage_fresh(rendered, observed)
 
     def sync(self, state: ProxyState) -> SyncResult:
         """Observe once, render and apply; if the kernel (or the encoder) refuses commands of
@@ -373,6 +376,9 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
         if rendered.pending_deletes:
             self._delete_pending(rendered.pending_deletes)
         transactions = 0
+        if rendered.fresh_stages:
+            self.kernel.run_stages(rendered.fresh_stages, empty_tables=False)
+            transactions = len(rendered.fresh_stages)
         if rendered.stages:
             self.kernel.run_stages(rendered.stages)
             transactions = len(rendered.stages)
@@ -388,7 +394,7 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
                 self.kernel.run(rendered.kernel_input(defer_chain_deletes=True))
                 for plan in plans:
                     plan.deferred_chains = plan.stale_chains | plan.leftover_chains
-            transactions = 1
+            transactions += 1
         counts = {
             "transactions": transactions,
             "chains_written": 0,
@@ -503,6 +509,18 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
 
 def _table_line(fam: str) -> str:
     return f"nftables table {fam} {names.TABLE}"
+
+
+def _stage_fresh(rendered: NftablesRendered, observed: NftObserved) -> None:
+    """Send the plans' new chains and sets ahead, in stages, when there are many of them (a
+    burst of new Services): only into tables that exist (a partial plan's, or a full plan's
+    the listing found), so nothing but the last transaction changes what packets meet."""
+    plans = rendered.plans
+    tables = observed.tables or {}
+    if any(p.full and p.fresh_parts and p.settings.ip not in tables for p in plans):
+        return
+    if sum(p.fresh_lines for p in plans) > STAGE_MIN_LINES:
+        rendered.fresh_stages = [s for p in plans for s in p.fresh_stages(STAGE_LINES)]
 
 
 def _stages(plans: list[FamilyPlan]) -> list[str]:

@@ -40,8 +40,9 @@ class NftSeam(Protocol):
         """One atomic transaction in ``nft -f`` syntax; BackendError if refused (nothing
         applied)."""
 
-    def run_stages(self, texts: Sequence[str]) -> None:
-        """Several transactions in order, stopping at the first refused (BackendError)."""
+    def run_stages(self, texts: Sequence[str], empty_tables: bool = True) -> None:
+        """Several transactions in order, stopping at the first refused (BackendError).
+        ``empty_tables``: the first one creates the tables, which had nothing yet."""
 
     def list(self, commands: str, terse: bool = False) -> str:
         """The output of ``nft [-t] -f -`` for list commands ("list tables", "list table ip
@@ -81,11 +82,13 @@ class NftKernel:
         timeout = 60.0 + text.count("\n") / 1000
         execer.run([self.nft_cmd, "-f", "-"], self.netns, input=text, timeout=timeout)
 
-    def run_stages(self, texts: Sequence[str]) -> None:
-        """The first load of tables created empty, as several transactions in order,
-        stopping at the first one refused (BackendError). Over netlink, each one is encoded
+    def run_stages(self, texts: Sequence[str], empty_tables: bool = True) -> None:
+        """Several transactions in order, stopping at the first one refused (BackendError):
+        the first load of tables created empty, or (``empty_tables=False``) new services'
+        chains ahead of a big sync's last transaction. Over netlink, each one is encoded
         while the kernel commits the one before (the socket's send releases the GIL, and the
-        kernel commits inside it), and anonymous maps are named here, not by the kernel."""
+        kernel commits inside it); into empty tables, anonymous maps are named here, not by
+        the kernel."""
         if not (self.use_netlink and self.nft_cmd == NFT):
             for text in texts:
                 self.run(text)
@@ -94,7 +97,7 @@ class NftKernel:
         sender: threading.Thread | None = None
         # Anonymous maps named here (a first load): only while no stage went through nft,
         # whose maps the kernel numbers (it would pick the names this counter is yet to give).
-        anonymous_names: dict[int, int] | None = {}
+        anonymous_names: dict[int, int] | None = {} if empty_tables else None
 
         def send(text: str, messages: list[netlink.Message] | None) -> None:
             try:

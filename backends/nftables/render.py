@@ -83,6 +83,12 @@ class FamilyPlan:
     kernel_chains: frozenset[str] | None = None
     #: Found missing in the kernel by the backend on a full sync: chains and sets re-added.
     repair: list[str] = field(default_factory=list)
+    #: Trusted plans: the chains and affinity sets the kernel does not hold yet, a service's
+    #: together (declarations, sets, rules). Nothing in the kernel refers to them before the
+    #: rest of the plan is applied, so no packet reaches them: a big plan may send them ahead
+    #: in transactions of their own (``fresh_stages``).
+    fresh_parts: list[str] = field(default_factory=list)
+    fresh_lines: int = 0
     #: Element deletes and adds (after every chain they name exists).
     element_parts: list[str] = field(default_factory=list)
     #: Per-service chains and affinity sets to remove (found by the renderer).
@@ -130,10 +136,16 @@ class FamilyPlan:
             out += [f"delete chain {t} {c}\n" for c in chains]
         return out
 
-    def transaction(self, defer_chain_deletes: bool = False) -> str:
+    def transaction(self, defer_chain_deletes: bool = False, fresh: bool = True) -> str:
+        """The plan as one transaction; ``fresh=False``: without ``fresh_parts`` (sent
+        before, by ``fresh_stages``)."""
+        parts = self.parts if self.kernel_chains is None else self._rewrite_parts()
+        setup = parts[: self.setup_parts]
         return "".join(
             [
-                *(self.parts if self.kernel_chains is None else self._rewrite_parts()),
+                *setup,
+                *(self.fresh_parts if fresh else ()),
+                *parts[self.setup_parts :],
                 *self.repair,
                 *self.element_parts,
                 *self.removals(defer_chain_deletes),
@@ -170,18 +182,17 @@ class FamilyPlan:
         services cost O(N^2).
         """
         setup = self.parts[: self.setup_parts]
-        out = ["".join(p for p in setup if not _hooks(p))]
-        chunk: list[str] = []
-        lines = 0
-        for part in [*self.parts[self.setup_parts :], *self.repair]:
-            chunk.append(part)
-            lines += part.count("\n")
-            if lines >= max_lines:
-                out.append("".join(chunk))
-                chunk, lines = [], 0
-        if chunk:
-            out.append("".join(chunk))
-        return out
+        rest = [*self.fresh_parts, *self.parts[self.setup_parts :], *self.repair]
+        return ["".join(p for p in setup if not _hooks(p)), *_chunks(rest, max_lines)]
+
+    def fresh_stages(self, max_lines: int) -> list[str]:
+        """``fresh_parts`` in transactions of about ``max_lines`` lines, to send before
+        ``transaction(fresh=False)``. Each commit costs the kernel O(transaction) per
+        anonymous map it binds (``__nft_set_trans_bind`` walks the whole transaction), so
+        thousands of new services in one transaction cost O(services^2); in pieces, linear.
+        A failed stage leaves only objects no packet reaches (the next full sync's listing
+        finds them)."""
+        return _chunks(self.fresh_parts, max_lines)
 
     def last_stage(self) -> str:
         hooked = [p for p in self.parts[: self.setup_parts] if _hooks(p)]
@@ -202,8 +213,13 @@ class FamilyPlan:
                 self.kernel_chains = frozenset(chains)
             return  # everything is written anyway
         t = self.table
-        missing = [c for c in self.wanted_chains if c not in chains]
-        lost_sets = {n: v for n, v in self.wanted_sets.items() if n not in sets}
+        # (What this plan writes anyway, new services' chains among them, is not missing.)
+        written = self.chains_written
+        missing = [c for c in self.wanted_chains if c not in chains and c not in written]
+        wrote_sets = self.sets_written
+        lost_sets = {
+            n: v for n, v in self.wanted_sets.items() if n not in sets and n not in wrote_sets
+        }
         self.repair = [f"add chain {t} {c}\nflush chain {t} {c}\n" for c in missing]
         self.repair += [set_line(t, n, self.settings.addr_type, v) for n, v in lost_sets.items()]
         self.repair += [self.wanted_chains[c] for c in missing]
@@ -215,6 +231,7 @@ class FamilyPlan:
     def empty(self) -> bool:
         return not (
             self.parts
+            or self.fresh_parts
             or self.element_parts
             or self.stale_chains
             or self.stale_sets
@@ -243,6 +260,23 @@ class FamilyPlan:
             if block is not None and chain in held and chain not in self.chains_written:
                 self.repair.append(f"add chain {t} {chain}\nflush chain {t} {chain}\n{block}")
                 self.chains_written[chain] = block
+
+
+def _chunks(parts: list[str], max_lines: int) -> list[str]:
+    """``parts`` joined into texts of at least ``max_lines`` lines (the last one: the rest),
+    never cutting a part."""
+    out: list[str] = []
+    chunk: list[str] = []
+    lines = 0
+    for part in parts:
+        chunk.append(part)
+        lines += part.count("\n")
+        if lines >= max_lines:
+            out.append("".join(chunk))
+            chunk, lines = [], 0
+    if chunk:
+        out.append("".join(chunk))
+    return out
 
 
 @dataclass
@@ -274,6 +308,9 @@ class NftablesRendered(Rendered):
     stages: list[str] = field(default_factory=list)
     #: The families whose full sync found the table's listing failing (no leftovers removed).
     listing_failed: tuple[IPFamily, ...] = ()
+    #: A big plan over tables that exist: the plans' fresh objects (``FamilyPlan.fresh_parts``)
+    #: as transactions sent before ``kernel_input``, which then leaves them out.
+    fresh_stages: list[str] = field(default_factory=list)
 
     @property
     def full(self) -> bool:
@@ -281,7 +318,8 @@ class NftablesRendered(Rendered):
 
     def kernel_input(self, defer_chain_deletes: bool = False) -> str:
         """What ``nft -f -`` reads: every family's part, as one atomic transaction."""
-        return "".join(p.transaction(defer_chain_deletes) for p in self.plans)
+        fresh = not self.fresh_stages
+        return "".join(p.transaction(defer_chain_deletes, fresh) for p in self.plans)
 
     def kernel_inputs(self) -> list[str]:
         """Every transaction ``apply`` sends, in order."""
@@ -289,7 +327,7 @@ class NftablesRendered(Rendered):
         if self.stages:
             return out + self.stages
         text = self.kernel_input()
-        return [*out, text] if text else out
+        return [*out, *self.fresh_stages, *([text] if text else [])]
 
     def __str__(self) -> str:
         out = []
@@ -301,10 +339,14 @@ class NftablesRendered(Rendered):
             out.append(stage)
         if self.stages:
             return "".join(out)
+        for i, stage in enumerate(self.fresh_stages, 1):
+            n = len(self.fresh_stages)
+            out.append(f"# nft -f - transaction (new services' chains, {i} of {n})\n")
+            out.append(stage)
         for plan in self.plans:
             kind = "full" if plan.full else "partial"
             out.append(f"# nft -f - transaction ({plan.settings.family.value}, {kind} sync)\n")
-            out.append(plan.transaction())
+            out.append(plan.transaction(fresh=not self.fresh_stages))
         return "".join(out)
 
 
@@ -468,6 +510,14 @@ class FamilyRenderer:
             if trusted:
                 blocks = {c: b for c, b in frag.chains.items() if applied_chains.get(c) != b}
                 new_sets = {n: v for n, v in frag.sets.items() if applied_sets.get(n) != v}
+                fresh = {c: b for c, b in blocks.items() if c not in applied_chains}
+                fresh_sets = {n: v for n, v in new_sets.items() if n not in applied_sets}
+                if fresh or fresh_sets:
+                    self._add_fresh(plan, fresh, fresh_sets)
+                    written.update(fresh)
+                    plan.sets_written.update(fresh_sets)
+                    blocks = {c: b for c, b in blocks.items() if c not in fresh}
+                    new_sets = {n: v for n, v in new_sets.items() if n not in fresh_sets}
             else:
                 blocks, new_sets = frag.chains, frag.sets
             for chain in blocks:
@@ -541,15 +591,28 @@ class FamilyRenderer:
                     key = (elem[0], elem[1])
                     self.owners.setdefault(key, {})[spn] = (elem[2], elem[3])
                     affected.add(key)
+                fresh: dict[str, str] = {}
                 for chain, block in new_chains.items():
-                    if self.applied_chains.get(chain) != block:
+                    held = self.applied_chains.get(chain)
+                    if held == block:
+                        continue
+                    if held is None:
+                        fresh[chain] = block
+                    else:
                         declares.append(f"add chain {t} {chain}\nflush chain {t} {chain}\n")
                         rules.append(block)
-                        plan.chains_written[chain] = block
+                    plan.chains_written[chain] = block
+                fresh_sets: dict[str, int] = {}
                 for name, timeout in new_sets.items():
-                    if self.applied_sets.get(name) != timeout:
+                    have_timeout = self.applied_sets.get(name)
+                    if have_timeout == timeout:
+                        continue
+                    if have_timeout is None:
+                        fresh_sets[name] = timeout
+                    else:
                         set_adds.append(set_line(t, name, addr_type, timeout))
-                        plan.sets_written[name] = timeout
+                    plan.sets_written[name] = timeout
+                self._add_fresh(plan, fresh, fresh_sets)
             if old is not None:
                 plan.stale_chains.update(c for c in old.chains if c not in new_chains)
                 plan.stale_sets.update(s for s in old.sets if s not in new_sets)
@@ -569,6 +632,19 @@ class FamilyRenderer:
                 plan.elements_added[key] = want
         plan.parts = declares + set_adds + rules
         plan.element_parts = deletes + adds
+
+    def _add_fresh(self, plan: FamilyPlan, chains: dict[str, str], sets: dict[str, int]) -> None:
+        """A service's chains and sets the kernel does not hold, as ``plan.fresh_parts``."""
+        if not (chains or sets):
+            return
+        t = self.settings.table
+        addr_type = self.settings.addr_type
+        parts = plan.fresh_parts
+        parts.extend(f"add chain {t} {chain}\nflush chain {t} {chain}\n" for chain in chains)
+        parts.extend(set_line(t, name, addr_type, timeout) for name, timeout in sets.items())
+        parts.extend(chains.values())
+        lines = sum(block.count("\n") for block in chains.values())
+        plan.fresh_lines += 2 * len(chains) + len(sets) + lines
 
     # --- bookkeeping ------------------------------------------------------------------------
 

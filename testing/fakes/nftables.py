@@ -559,7 +559,7 @@ class FakeNftables:
         self.tables = tx.tables
         self.log.append((text, False))
 
-    def run_stages(self, texts: Sequence[str]) -> None:
+    def run_stages(self, texts: Sequence[str], empty_tables: bool = True) -> None:
         """Transactions in order, stopping at the first refused one."""
         for text in texts:
             self.run(text)

@@ -33,9 +33,9 @@ class Recording:
         self.received.append(text)
         self.kernel.run(text)
 
-    def run_stages(self, texts: Sequence[str]) -> None:
+    def run_stages(self, texts: Sequence[str], empty_tables: bool = True) -> None:
         self.received.extend(texts)
-        self.kernel.run_stages(texts)
+        self.kernel.run_stages(texts, empty_tables)
 
     def list(self, commands: str, terse: bool = False) -> str:
         return self.kernel.list(commands, terse)

@@ -184,10 +184,10 @@ def test_the_switch_runs_once_after_the_first_successful_sync() -> None:
                 raise BackendError("nft: refused")
             super().run(text)
 
-        def run_stages(self, texts: Any) -> None:
+        def run_stages(self, texts: Any, empty_tables: bool = True) -> None:
             if self.refuse:
                 raise BackendError("nft: refused")
-            super().run_stages(texts)
+            super().run_stages(texts, empty_tables)
 
     kernel = Refusing()
     be.kernel = kernel

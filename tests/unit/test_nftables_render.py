@@ -276,7 +276,7 @@ class FakeKernel:
         except NftRefused as err:
             raise BackendError(f"nft -f failed: {err}") from err
 
-    def run_stages(self, texts: Sequence[str]) -> None:
+    def run_stages(self, texts: Sequence[str], empty_tables: bool = True) -> None:
         for text in texts:
             self.run(text)
 
