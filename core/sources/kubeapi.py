@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import gc
 import json
 import logging
 import queue
@@ -72,6 +71,7 @@ from kubeplex.core.sources.kubeclient import (
     make_api_client,
 )
 from kubeplex.core.sources.reflector_backoff import ReflectorBackoff
+from kubeplex.core.startup.collector import Pause, freeze_once
 
 log = logging.getLogger(__name__)
 
@@ -848,38 +848,6 @@ def _describe(err: BaseException) -> str:
     return clip(text, LOG_TEXT_LIMIT)
 
 
-class _CollectorPause:
-    """The cyclic garbage collector off while the initial lists are decoded, then on again.
-
-    A first list allocates every object of the cluster and keeps them all, so each full
-    collection during it scans everything decoded so far: at 10,000 Services x 10 endpoints,
-    ten of them made the lists 3.4-3.7 s instead of 2.0 s. Nothing those lists make is garbage
-    yet, and the collector's state is the process's: resumed once, by whoever comes first
-    (the lists complete, or the source stops)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._paused = False
-
-    def pause(self) -> None:
-        with self._lock:
-            if not self._paused and gc.isenabled():
-                gc.disable()
-                self._paused = True
-
-    def resume(self, freeze: bool = False) -> bool:
-        """True if this call ended the pause; with ``freeze``, what is alive then is frozen
-        first (:func:`gc.freeze`)."""
-        with self._lock:
-            if self._paused:
-                self._paused = False
-                if freeze:
-                    gc.freeze()
-                gc.enable()
-                return True
-            return False
-
-
 class KubeApiSource:
     """List+watch of the cluster objects kube-proxy programs, fed into a ClusterState.
 
@@ -965,8 +933,8 @@ class KubeApiSource:
         }
         self._stop = threading.Event()
         self._synced = threading.Event()
-        #: The cyclic collector, paused by start() until the initial lists are complete.
-        self._collector = _CollectorPause()
+        #: The cyclic collector's pause from start() until the initial lists are complete.
+        self._lists_pause: Pause | None = None
         self._node_seen = False
         #: the own Node as last listed or watched (None: not there)
         self._node: JSON | None = None
@@ -996,7 +964,9 @@ class KubeApiSource:
         self._started = True
         self._stop.clear()
         if not self._synced.is_set():
-            self._collector.pause()
+            # A first list allocates every object of the cluster and keeps them all: a
+            # collector pass meanwhile would only scan what was decoded so far.
+            self._lists_pause = Pause()
         self.events.start()
         for r in self._resources.values():
             r.thread = threading.Thread(
@@ -1009,7 +979,8 @@ class KubeApiSource:
         """Stop every thread; returns within about ``timeout`` seconds even if a request is
         still hanging (its daemon thread ends when the request does)."""
         self._stop.set()
-        self._collector.resume()
+        if self._lists_pause is not None:
+            self._lists_pause.end()
         for r in self._resources.values():
             resp = r.response
             if resp is not None:
@@ -1308,14 +1279,11 @@ class KubeApiSource:
                         "node %s not found: rules are programmed without its zone and pod CIDR",
                         self.node_name,
                     )
-                # The collector on again before anything may sync: a sync pauses it for
-                # itself, and must not have it turned on halfway (by this thread, resuming
-                # late). What the lists made lives on (the cluster's parsed objects): frozen,
-                # the collector never scans it, where the young collection the pause put off
-                # would scan every object listed (0.18 s at 10,000 Services) and find little
-                # garbage. What is frozen in a cycle is freed by the proxier's next collection
-                # of the frozen objects (kubeplex.core.daemon.freezer), as after a full sync.
-                self._collector.resume(freeze=True)
+                # What the lists made lives on: frozen, no collector pass scans it. The
+                # pause ends before the gate opens, so it never ends under a sync.
+                freeze_once()
+                if self._lists_pause is not None:
+                    self._lists_pause.end()
                 if isinstance(self.cluster, GatedClusterState):
                     self.cluster.open()
                 self._synced.set()
