@@ -19,8 +19,8 @@ the Python objects.
 
 A file without anchors is first built straight from libyaml's events (:func:`_load_plain`):
 CSafeLoader spends most of its time composing a node per value and resolving each plain
-scalar through Python calls, a third of a second per megabyte of an API dump. That path takes
-only what it can build exactly as CSafeLoader would (strings, plain null, bool and decimal
+scalar through Python calls (bench/manifests_dump.py measures it on an API dump). That path
+takes only what it can build exactly as CSafeLoader would (strings, plain null, bool and decimal
 int scalars resolved by CSafeLoader's own resolver table, mappings with simple keys, sequences,
 no tags, no aliases) and hands anything else, errors included, to CSafeLoader.
 """
@@ -131,13 +131,14 @@ _NO_KEY = object()
 _MISSING = object()
 
 
-class _Unusual(Exception):
+class _NeedsCSafeLoader(Exception):
     """Something the event path does not build itself: CSafeLoader does it."""
 
 
-def _plain_scalar(value: str) -> Any:
+def _resolve_plain_scalar(value: str) -> Any:
     """A plain scalar as CSafeLoader makes it: its Resolver's implicit table picks the tag,
-    SafeConstructor's conversion for str, null, bool and decimal int (others are _Unusual)."""
+    SafeConstructor's conversion for str, null, bool and decimal int (others raise
+    _NeedsCSafeLoader)."""
     table = _Resolver.yaml_implicit_resolvers
     candidates = table.get(value[0] if value else "", []) + table.get(None, [])
     tag = _STR
@@ -153,7 +154,7 @@ def _plain_scalar(value: str) -> Any:
         return _BOOLS[value.lower()]
     if tag == "tag:yaml.org,2002:int" and _DECIMAL.match(value):
         return int(value)
-    raise _Unusual(tag)
+    raise _NeedsCSafeLoader(tag)
 
 
 def _load_plain(text: str) -> list[Any] | None:
@@ -164,7 +165,7 @@ def _load_plain(text: str) -> list[Any] | None:
     parser = _CParser(text)
     try:
         return _build(parser.get_event)
-    except Exception:  # _Unusual, or a YAML error: CSafeLoader parses it again and says so
+    except Exception:  # _NeedsCSafeLoader, or a YAML error: CSafeLoader parses it and says so
         return None
     finally:
         parser.dispose()
@@ -186,12 +187,12 @@ def _build(next_event: Any) -> list[Any]:
         event = next_event()
         if type(event) is scalar_event:
             if event.tag is not None or event.anchor is not None:
-                raise _Unusual("anchor or tag")
+                raise _NeedsCSafeLoader("anchor or tag")
             value = event.value
             if event.implicit[0]:  # plain: resolved; quoted or block: a string
                 got = seen.get(value, _MISSING)
                 if got is _MISSING:
-                    got = seen[value] = _plain_scalar(value)
+                    got = seen[value] = _resolve_plain_scalar(value)
                 value = got
             if not in_mapping:
                 current.append(value)
@@ -203,7 +204,7 @@ def _build(next_event: Any) -> list[Any]:
             continue
         kind = kinds.get(type(event))
         if kind is None:  # an alias
-            raise _Unusual(type(event).__name__)
+            raise _NeedsCSafeLoader(type(event).__name__)
         if kind == _SKIP:
             if type(event) is _events.StreamEndEvent:
                 return docs
@@ -212,12 +213,12 @@ def _build(next_event: Any) -> list[Any]:
             current, in_mapping, key = stack.pop()
             continue
         if event.tag is not None or event.anchor is not None:
-            raise _Unusual("anchor or tag")
+            raise _NeedsCSafeLoader("anchor or tag")
         container = {} if kind == _MAP else []
         if not in_mapping:
             current.append(container)
         elif key is _NO_KEY:
-            raise _Unusual("a mapping or sequence as a key")
+            raise _NeedsCSafeLoader("a mapping or sequence as a key")
         else:
             current[key] = container
             key = _NO_KEY
