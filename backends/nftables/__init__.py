@@ -2,9 +2,12 @@
 
 Everything lives in its own tables, ``ip kube-proxy`` and ``ip6 kube-proxy`` (never the shared
 nat/filter tables); every sync of every family is one atomic transaction: ``nft -f -`` for full
-syncs, the same batch straight over netlink for partial ones (kernel.py, netlink.py). The one
-exception is a big first sync into a namespace without the tables: it goes in stages, the
-services' chains first and the elements that make them reachable last (FamilyPlan.stages).
+syncs, the same batch straight over netlink for partial ones (kernel.py, netlink.py). Two
+exceptions, where one transaction would cost the kernel O(services^2): a big first sync into a
+namespace without the tables goes in stages, the services' chains first and the elements that
+make them reachable last (FamilyPlan.stages); and a sync with many chains the kernel does not
+hold yet (a burst of new Services, partial or full) sends those ahead in stages, and the rest,
+elements and every change to what packets meet, as one last transaction (fresh_stages).
 Differences from the iptables mode are upstream's: no NodePorts on localhost, connections to
 unused ports of a ClusterIP are rejected, and no nfacct/route_localnet setup is needed.
 
@@ -65,8 +68,14 @@ _BUSY = "Device or resource busy"
 #: transaction costs O(services^2) in the kernel, and over netlink the next stage is encoded
 #: while the kernel commits one. Measured at 1,000 Services: 0.75 s as one transaction,
 #: 0.38 s in stages of 10,000 lines.
+#: Into tables that exist, the chains and sets the kernel does not hold yet go ahead the same
+#: way when they make more than STAGE_MIN_LINES lines (FamilyPlan.fresh_stages), in pieces of
+#: about FRESH_STAGE_LINES: each commit also validates the whole table's jump graph, so into a
+#: big table fewer, bigger stages cost less (chosen with bench/burst_sync.py at 1,000 and
+#: 10,000 Services).
 STAGE_MIN_LINES = 20_000
 STAGE_LINES = 10_000
+FRESH_STAGE_LINES = 20_000
 #: How often one sync re-renders without the services the kernel refused, before it gives up
 #: (and fails as a whole, as without isolation).
 ISOLATION_ATTEMPTS = 3
@@ -520,7 +529,7 @@ def _stage_fresh(rendered: NftablesRendered, observed: NftObserved) -> None:
     if any(p.full and p.fresh_parts and p.settings.ip not in tables for p in plans):
         return
     if sum(p.fresh_lines for p in plans) > STAGE_MIN_LINES:
-        rendered.fresh_stages = [s for p in plans for s in p.fresh_stages(STAGE_LINES)]
+        rendered.fresh_stages = [s for p in plans for s in p.fresh_stages(FRESH_STAGE_LINES)]
 
 
 def _stages(plans: list[FamilyPlan]) -> list[str]:

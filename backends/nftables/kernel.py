@@ -2,12 +2,13 @@
 ``nft -f -`` (core.execer, in the netns) when it holds a command the encoder does not know.
 
 Every sync is one transaction: one batch, committed atomically or not at all (but the first
-load of tables created empty, which ``run_stages`` commits in pieces no packet reaches before
-the last). ``netlink`` encodes what the renderer writes (the table, base chains, sets and
-maps, every rule of the fixed chains and of services, elements, flushes, deletions) as the very
-messages nft would send, and skips nft's parser (a third of a first sync's time) and its cache
-fetch (O(chains^2) per call). What it does not encode (a set of several source ranges, for one)
-goes to nft. ``list`` runs nft's list commands and returns its text (listing.py parses it).
+load of tables created empty, and the new chains of a burst of Services, which ``run_stages``
+commits in pieces no packet reaches before the last). ``netlink`` encodes what the renderer
+writes (the table, base chains, sets and maps, every rule of the fixed chains and of services,
+elements, flushes, deletions) as the very messages nft would send, and skips nft's parser (a
+third of a first sync's time) and its cache fetch (O(chains^2) per call). What it does not
+encode (a set of several source ranges, for one) goes to nft. ``list`` runs nft's list commands
+and returns its text (listing.py parses it).
 
 ``NftSeam`` is what the backend needs of a kernel: the real ``NftKernel`` or an in-memory fake.
 """

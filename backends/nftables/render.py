@@ -13,7 +13,9 @@ minutes of kernel time.)
 
 A partial sync touches only the changed services: the chains whose rules differ from what was
 applied, their affinity sets, and the elements they add, change or remove. Chains and sets
-nobody needs any more are flushed and deleted at the end of the same transaction.
+nobody needs any more are flushed and deleted at the end of the same transaction. Chains and
+sets the kernel does not hold yet come first (``FamilyPlan.fresh_parts``, full syncs' too):
+when there are many, the backend sends them ahead in transactions of their own.
 
 The renderer keeps its own record of what the kernel holds (chains with their rules, affinity
 sets, elements); it never reads the table back, except that the backend lists the table's

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.kernel
 def small_stages(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stages of about 2,000 lines, from 4,000 lines of new chains on (a burst of 150-odd
     services, where the defaults stage one of 430-odd)."""
-    monkeypatch.setattr(backend_module, "STAGE_LINES", 2000)
+    monkeypatch.setattr(backend_module, "FRESH_STAGE_LINES", 2000)
     monkeypatch.setattr(backend_module, "STAGE_MIN_LINES", 4000)
 
 

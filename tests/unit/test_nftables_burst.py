@@ -2,7 +2,7 @@
 
 One transaction with thousands of new services costs the kernel O(services^2) (each anonymous
 map it binds walks the whole transaction), so a sync with many chains the kernel does not hold
-yet sends them first, in transactions of about STAGE_LINES lines that no packet can reach,
+yet sends them first, in transactions of about FRESH_STAGE_LINES lines that no packet can reach,
 and the elements and every change to what the kernel holds in one last transaction.
 """
 
@@ -24,7 +24,7 @@ from kubeplex.core.model.types import IPFamily
 @pytest.fixture
 def small_stages(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stages of about 40 lines, from 100 lines of new chains on."""
-    monkeypatch.setattr(backend_module, "STAGE_LINES", 40)
+    monkeypatch.setattr(backend_module, "FRESH_STAGE_LINES", 40)
     monkeypatch.setattr(backend_module, "STAGE_MIN_LINES", 100)
 
 
