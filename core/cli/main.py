@@ -19,8 +19,8 @@ from kubeplex.core.cli.options import (
     add_plugins_option,
     reporting_errors,
 )
-from kubeplex.core.daemon.collector import collector_paused
 from kubeplex.core.dataplane.trustfile import use_trust_file
+from kubeplex.core.startup.collector import collector_paused
 
 __all__ = [
     "COMMANDS",

@@ -21,9 +21,9 @@ from kubeplex.core.cli.options import (
 )
 from kubeplex.core.cli.printing import echo
 from kubeplex.core.cli.shared import make_backend, state_from_manifests
-from kubeplex.core.daemon.collector import collector_paused
 from kubeplex.core.dataplane.backend import Backend
 from kubeplex.core.model.graph import ProxyState
+from kubeplex.core.startup.collector import collector_paused
 
 
 def add_parser(sub: Subparsers, name: str) -> argparse.ArgumentParser:

@@ -27,8 +27,8 @@ from kubeplex.core.cli.options import (
     node_name,
 )
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
-from kubeplex.core.daemon.collector import collector_paused
 from kubeplex.core.model.errors import KubeplexError
+from kubeplex.core.startup.collector import collector_paused, freeze_once
 
 if TYPE_CHECKING:
     from kubeplex.core.daemon.modes import SwitchReport
@@ -65,10 +65,9 @@ def add_parser(sub: Subparsers, name: str) -> argparse.ArgumentParser:
 
 
 def _start_api_source(cfg: KubeProxyConfiguration, master: str = "") -> KubeApiSource:
-    # The source pauses the collector from its start until its lists are complete; before it,
-    # the client's imports (0.1-0.15 s) are made with it off too (see main), and frozen: else
-    # the first pass after them scans every module imported so far (3-6 ms).
-    with collector_paused(freeze=True):
+    # The source pauses the collector from its start until its lists are complete (then
+    # freezes what the start made); before it, the client's imports are made with it off too.
+    with collector_paused():
         source = _api_source(cfg, master)
     return source.start()
 
@@ -247,6 +246,7 @@ def serve(
         else:
             assert manifests is not None
             cluster, source = state_from_manifests(cfg, manifests)
+            freeze_once()  # what the start made, as after the API's initial lists
         backend.prepare()
         proxier = Proxier(cluster, backend)
         switch = SwitchCleanup(backend, switched)

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 from kubeplex.core.cli.options import node_name
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
-from kubeplex.core.daemon.collector import collector_paused
 from kubeplex.core.dataplane import plugins
 from kubeplex.core.dataplane.backend import Backend, BackendContext
 from kubeplex.core.model.cluster import ClusterState
+from kubeplex.core.startup.collector import collector_paused
 
 if TYPE_CHECKING:
     from kubeplex.core.sources.manifests import ManifestSource

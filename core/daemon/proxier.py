@@ -7,14 +7,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kubeplex.core.daemon.collector import collector_paused
-from kubeplex.core.daemon.freezer import Freezer
 from kubeplex.core.dataplane.backend import Backend, SyncResult
 from kubeplex.core.dataplane.drift import summary as drift_summary
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.errors import BackendError, KubeplexError
 from kubeplex.core.model.graph import ProxyState
 from kubeplex.core.model.types import IPFamily
+from kubeplex.core.startup.collector import collector_paused
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +42,6 @@ class Proxier:
         self.status = SyncStatus()
         self.listeners: list[SyncListener] = []
         self._need_full = True
-        self.freezer = Freezer()
 
     @property
     def next_sync_full(self) -> bool:
@@ -73,11 +71,6 @@ class Proxier:
             log.exception("backend %s crashed during sync", self.backend.mode)
             return self._failed(f"backend {self.backend.mode} crashed: {err!r}")
         elapsed = time.monotonic() - started
-        if result.full:
-            # The graph and the render caches live until the next full sync: keep the cyclic
-            # collector from scanning them again and again (and, now and then, free what
-            # earlier freezes held in cycles).
-            self.freezer.after_full_sync()
         self._need_full = False
         self.status.last_success = time.time()
         self.status.last_error = ""

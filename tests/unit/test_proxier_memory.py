@@ -1,10 +1,9 @@
 """Memory across many syncs: what the collector was kept from must still be freed.
 
-The proxier freezes the objects alive after a full sync (gc.freeze), so the cyclic collector
-does not scan the graph and render caches again and again. Frozen objects are never examined
-by the collector: a reference cycle that was frozen — garbage not collected yet, or an object
-alive then and dropped later — must not stay in memory for good. The daemon's other threads
-(watches, HTTP servers) make such cycles all the time; a full sync every 2 s froze them all.
+Each sync runs with the cyclic collector paused, while the daemon's other threads (watches,
+HTTP servers) make reference cycles. Full syncs freeze nothing (the start freezes once, after
+the initial lists): a cycle pending at a sync is collected later, never kept for good. When the
+proxier froze what was alive after every full sync, every such cycle stayed frozen.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from collections.abc import Iterator
 import pytest
 
 from kubeplex.core.config.kubeproxy import default_config
-from kubeplex.core.daemon.freezer import Freezer
 from kubeplex.core.daemon.proxier import Proxier
 from kubeplex.core.daemon.runner import SyncRunner
 from kubeplex.core.dataplane.backend import Backend, BackendContext, Rendered, SyncResult
@@ -28,9 +26,6 @@ from kubeplex.core.model.types import IPFamily
 
 NODE = "node-a"
 SYNCS = 200
-#: A full sync every 2 s (syncPeriod 2s) and the freezer's collection every 60 s.
-SYNC_PERIOD = 2.0
-INTERVAL = 60.0
 
 
 class _Rendered(Rendered):
@@ -86,57 +81,28 @@ def collector() -> Iterator[None]:
             gc.disable()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def syncing(backend: CycleMaker) -> tuple[Proxier, Clock]:
-    proxier = Proxier(ClusterState(NODE, (IPFamily.IPv4,)), backend)
-    clock = Clock()
-    proxier.freezer = Freezer(INTERVAL, clock)
-    return proxier, clock
-
-
-def full_syncs(proxier: Proxier, clock: Clock, count: int) -> None:
+def full_syncs(proxier: Proxier, count: int) -> None:
     for _ in range(count):
-        clock.now += SYNC_PERIOD
         assert proxier.sync(full=True)
 
 
-def test_cycles_frozen_by_full_syncs_are_collected_later(collector: None) -> None:
+def new_proxier(backend: CycleMaker) -> Proxier:
+    return Proxier(ClusterState(NODE, (IPFamily.IPv4,)), backend)
+
+
+def test_cycles_made_during_full_syncs_are_collected(collector: None) -> None:
     backend = CycleMaker()
-    proxier, clock = syncing(backend)
-    full_syncs(proxier, clock, SYNCS)
+    proxier = new_proxier(backend)
+    full_syncs(proxier, SYNCS)
     gc.collect()
     alive = sum(ref() is not None for ref in backend.made)
-    # At most what the syncs since the last collection froze (two per sync) may be left.
-    bound = 2 * INTERVAL / SYNC_PERIOD + 2
-    assert alive <= bound, f"{alive} of {len(backend.made)} cycles never collected"
-    assert proxier.freezer.collections >= SYNCS * SYNC_PERIOD // INTERVAL - 1
+    assert alive <= 1, f"{alive} of {len(backend.made)} cycles never collected"  # the one held
 
 
-def test_full_syncs_keep_the_frozen_generation_bounded(collector: None) -> None:
-    backend = CycleMaker()
-    proxier, clock = syncing(backend)
-    full_syncs(proxier, clock, 40)
-    warm = gc.get_freeze_count() - len(backend.made)  # the test's weakrefs are tracked too
-    full_syncs(proxier, clock, SYNCS)
-    # Each sync freezes two cycles of two tracked objects (the instance and its dict): kept
-    # for good, 200 syncs would add 800; collected every 30 syncs, at most ~120 stay frozen.
-    grown = gc.get_freeze_count() - len(backend.made) - warm
-    assert grown <= 4 * INTERVAL / SYNC_PERIOD + 10
-
-
-def test_a_collection_runs_at_most_once_per_interval(collector: None) -> None:
-    proxier, clock = syncing(CycleMaker())
-    full_syncs(proxier, clock, 29)  # 58 s: not due yet
-    assert proxier.freezer.collections == 0
-    full_syncs(proxier, clock, 1)
-    assert proxier.freezer.collections == 1
+def test_full_syncs_freeze_nothing(collector: None) -> None:
+    proxier = new_proxier(CycleMaker())
+    full_syncs(proxier, 3)
+    assert gc.get_freeze_count() == 0
 
 
 class Quiet(CycleMaker):
@@ -147,16 +113,10 @@ class Quiet(CycleMaker):
 
 
 def test_the_sync_loop_keeps_no_memory_across_full_syncs(collector: None) -> None:
-    """The runner's retry machinery (a tenacity Retrying, in cycles) is alive while a sync
-    freezes: kept frozen, ~2.6 KB per sync stayed for good (~9 MB an hour at one sync a
-    second)."""
-    proxier, clock = syncing(Quiet())
-
-    def sync(full: bool) -> bool:
-        clock.now += SYNC_PERIOD
-        return proxier.sync(full)
-
-    runner = SyncRunner(sync, threading.Event(), 0.0, SYNC_PERIOD)
+    """The runner's retry machinery (a tenacity Retrying, in cycles) is alive during a sync:
+    frozen then, it stayed for good."""
+    proxier = new_proxier(Quiet())
+    runner = SyncRunner(proxier.sync, threading.Event(), 0.0, 2.0)
     for _ in range(40):
         runner.sync_with_retry(True)
     tracemalloc.start()
@@ -168,5 +128,4 @@ def test_the_sync_loop_keeps_no_memory_across_full_syncs(collector: None) -> Non
         grown = tracemalloc.get_traced_memory()[0] - base
     finally:
         tracemalloc.stop()
-    # Only the syncs since the last collection (30) may still hold theirs.
     assert grown < 300_000, f"{grown} bytes kept by {SYNCS * 2} syncs"
