@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from kubeplex.core.daemon.healthcheck import HTTPServing
+from kubeplex.core.daemon.httpserving import HTTPServing
 
 
 def serving_loop() -> Iterator[HTTPServing]:

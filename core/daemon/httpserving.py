@@ -48,7 +48,7 @@ from urllib.parse import urlsplit
 
 from kubeplex.core.dataplane.netns import run_in_netns
 
-__all__ = ["App", "HTTPServing", "Limits", "ListenError", "Listener", "Response"]
+__all__ = ["JSON_HEADERS", "App", "HTTPServing", "Limits", "ListenError", "Listener", "Response"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 Response = tuple[int, Sequence[tuple[str, str]], bytes]
 #: Answers a request from its method and path (without the query string).
 App = Callable[[str, str], Response]
+#: The headers of a JSON answer (the health servers'), as upstream sends them.
+JSON_HEADERS = (("Content-Type", "application/json"), ("X-Content-Type-Options", "nosniff"))
 
 _CALL_TIMEOUT = 10.0
 #: How often deadlines are checked (and paused listeners resumed).
@@ -206,7 +208,7 @@ def render_response(
     return head + body if with_body else head
 
 
-def _plain(status: int, text: str) -> Response:
+def _text_response(status: int, text: str) -> Response:
     return status, (("Content-Type", "text/plain; charset=utf-8"),), f"{text}\n".encode()
 
 
@@ -589,7 +591,10 @@ class HTTPServing:
     def _reject(self, conn: _Conn, err: BadRequest) -> None:
         conn.keep_alive = False
         self._respond(
-            conn, render_response(_plain(err.status, err.reason), keep_alive=False, with_body=True)
+            conn,
+            render_response(
+                _text_response(err.status, err.reason), keep_alive=False, with_body=True
+            ),
         )
 
     def _dispatch(self, conn: _Conn, request: Request) -> None:
@@ -623,7 +628,9 @@ class HTTPServing:
             )
         except Exception:  # a bug in an app must not kill the listener
             log.exception("HTTP handler for %s failed", request.path)
-            data = render_response(_plain(500, "internal error"), keep_alive=False, with_body=True)
+            data = render_response(
+                _text_response(500, "internal error"), keep_alive=False, with_body=True
+            )
             conn.keep_alive = False
         self._post(lambda: self._hand_over(conn, data))
 

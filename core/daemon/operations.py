@@ -28,15 +28,11 @@ from collections.abc import Callable, Sequence
 
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration, split_host_port
 from kubeplex.core.daemon.conntrack import ConntrackCleaner
-from kubeplex.core.daemon.healthcheck import (
-    HealthCheckError,
-    ProxyHealth,
-    ProxyHealthServer,
-    ServiceHealthServer,
-)
-from kubeplex.core.daemon.httpserving import HTTPServing
+from kubeplex.core.daemon.httpserving import HTTPServing, ListenError
 from kubeplex.core.daemon.metrics import MetricsServer, ProxyMetrics
 from kubeplex.core.daemon.proxier import Proxier
+from kubeplex.core.daemon.proxy_health import ProxyHealth, ProxyHealthServer
+from kubeplex.core.daemon.service_health import ServiceHealthServer
 from kubeplex.core.daemon.sysctls import SysctlReport, apply_conntrack_sysctls
 from kubeplex.core.dataplane.backend import SyncResult
 from kubeplex.core.model.cluster import ClusterState
@@ -215,7 +211,7 @@ class Operations:
         for kind, host, port in self._unbound:
             try:
                 self._bind(kind, host, port)
-            except (HealthCheckError, RuntimeError) as err:
+            except (ListenError, RuntimeError) as err:
                 log.error("%s server failed to start (retrying): %s", kind, err)
                 still.append((kind, host, port))
         self._unbound = still

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 from http_kit import serving_loop
 
-from kubeplex.core.daemon.healthcheck import HTTPServing, ProxyHealth, ProxyHealthServer
+from kubeplex.core.daemon.httpserving import HTTPServing
+from kubeplex.core.daemon.proxy_health import ProxyHealth, ProxyHealthServer
 from kubeplex.testing.netlab import unique_prefix
 
 

@@ -16,18 +16,15 @@ import pytest
 from http_kit import serving_loop
 
 from kubeplex.core.config.kubeproxy import default_config
-from kubeplex.core.daemon.healthcheck import (
-    HealthCheckError,
-    HTTPServing,
-    ProxyHealth,
-    ProxyHealthServer,
+from kubeplex.core.daemon.httpserving import HTTPServing, ListenError
+from kubeplex.core.daemon.operations import Operations, parse_bind_address, start_operations
+from kubeplex.core.daemon.proxier import Proxier
+from kubeplex.core.daemon.proxy_health import ProxyHealth, ProxyHealthServer, go_time
+from kubeplex.core.daemon.service_health import (
     ServiceHealthServer,
-    go_time,
     local_ready_endpoints,
     service_health_body,
 )
-from kubeplex.core.daemon.operations import Operations, parse_bind_address, start_operations
-from kubeplex.core.daemon.proxier import Proxier
 from kubeplex.core.dataplane.backend import (
     Backend,
     BackendContext,
@@ -183,12 +180,12 @@ def test_a_taken_port_is_a_clear_error(serving: HTTPServing) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(HealthCheckError, match=f"127.0.0.1:{port}"):
+        with pytest.raises(ListenError, match=f"127.0.0.1:{port}"):
             ProxyHealthServer(serving, ProxyHealth(1.0), "127.0.0.1", port)
 
 
 def test_listening_in_a_missing_namespace_fails_without_creating_it(serving: HTTPServing) -> None:
-    with pytest.raises(HealthCheckError, match="no network namespace"):
+    with pytest.raises(ListenError, match="no network namespace"):
         ProxyHealthServer(serving, ProxyHealth(1.0), "127.0.0.1", 0, netns="kpx-no-such-ns")
 
 

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from kubeplex.core.daemon.healthcheck import HTTPServing as HealthServing
 from kubeplex.core.daemon.httpserving import (
     BadRequest,
     HTTPServing,
@@ -101,7 +100,7 @@ def make_serving() -> Iterator[Callable[..., HTTPServing]]:
 
 
 def test_idle_connections_hold_no_thread() -> None:
-    serving = HealthServing()
+    serving = HTTPServing()
     sockets: list[socket.socket] = []
     try:
         listener = serving.listen("127.0.0.1", 0, lambda m, p: OK)

@@ -13,7 +13,7 @@ import pytest
 from http_kit import serving_loop
 
 from kubeplex.core.config.kubeproxy import default_config, with_overrides
-from kubeplex.core.daemon.healthcheck import HTTPServing
+from kubeplex.core.daemon.httpserving import HTTPServing
 from kubeplex.core.daemon.metrics import (
     NETWORK_PROGRAMMING_BUCKETS,
     SYNC_BUCKETS,
