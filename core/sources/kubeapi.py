@@ -38,39 +38,51 @@ events — a subset of ``system:node-proxier`` plus event recording.
 
 The Python client speaks JSON only: ``clientConnection.contentType`` (protobuf by default)
 falls back to JSON; ``clientConnection.qps``/``burst`` drive a client-side token bucket
-(:class:`TokenBucket`) in front of every list and watch request, which the Python client does
-not have on its own.
+(:mod:`kubeplex.core.sources.token_bucket`) in front of every list and watch request, which
+the Python client does not have on its own.
+
+Beside this module, each in its own: the gated cluster state
+(:mod:`kubeplex.core.sources.gated_cluster`), the event recorder
+(:mod:`kubeplex.core.sources.event_recorder`), the list decoder
+(:mod:`kubeplex.core.sources.list_decoder`), what a failed request means
+(:mod:`kubeplex.core.sources.api_errors`) and the relist backoff
+(:mod:`kubeplex.core.sources.reflector_backoff`).
 """
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import json
 import logging
 import queue
 import random
-import re
 import threading
 import time
-from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
-from kubeplex.core.model.cluster import ClusterState, ErrorSink
-from kubeplex.core.model.errors import InvalidObject, KubeplexError, bare, clip, shown
-from kubeplex.core.model.graph import ProxyState
+from kubeplex.core.model.cluster import ClusterState
+from kubeplex.core.model.errors import bare, clip, shown
 from kubeplex.core.model.types import IPFamily
+from kubeplex.core.sources.api_errors import (
+    LOG_TEXT_LIMIT,
+    connection_refused,
+    describe_failure,
+    resource_version_unavailable,
+)
+from kubeplex.core.sources.event_recorder import EventRecorder
+from kubeplex.core.sources.gated_cluster import GatedClusterState
 from kubeplex.core.sources.kubeclient import (
     ApiException,
     ApiTransport,
     api_request,
     make_api_client,
 )
+from kubeplex.core.sources.list_decoder import list_items, read_page
 from kubeplex.core.sources.reflector_backoff import ReflectorBackoff
+from kubeplex.core.sources.token_bucket import TokenBucket
 from kubeplex.core.startup.collector import Pause, freeze_once
 
 log = logging.getLogger(__name__)
@@ -82,374 +94,13 @@ JSON = dict[str, Any]
 #: ``labels.Selector.String()`` prints them: sorted by key).
 PROXY_LABEL_SELECTOR = "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name"
 
-#: Event reason for an object kubeplex cannot program.
-REASON_FAILED_TO_PROGRAM = "FailedToProgram"
-#: Characters of an Event's message, and of a log line's text quoting a user or the server.
-EVENT_MESSAGE_LIMIT = 1024
-LOG_TEXT_LIMIT = 4096
-#: Longest name, namespace, uid or resourceVersion an API object can have (a DNS subdomain).
-REF_VALUE_LIMIT = 253
-DEFAULT_COMPONENT = "kube-proxy"
 PROTOBUF = "application/vnd.kubernetes.protobuf"
-
-EVENTS_PATH = "/api/v1/namespaces/{namespace}/events"
-EVENT_PATH = "/api/v1/namespaces/{namespace}/events/{name}"
 
 SERVICES = "services"
 ENDPOINTSLICES = "endpointslices"
 NODES = "nodes"
 SERVICECIDRS = "servicecidrs"
 RESOURCES = (SERVICES, ENDPOINTSLICES, NODES, SERVICECIDRS)
-
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
-)
-
-
-# --------------------------------------------------------------------------------- rate limit
-
-
-class TokenBucket:
-    """client-go's flowcontrol token bucket: ``burst`` requests at once, ``qps`` sustained.
-
-    ``qps <= 0`` disables the limit (as client-go does for a negative QPS).
-    """
-
-    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.qps = qps
-        self.burst = max(1, burst)
-        self._clock = clock
-        self._tokens = float(self.burst)
-        self._last = clock()
-        self._lock = threading.Lock()
-
-    def _refill(self) -> None:
-        now = self._clock()
-        self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.qps)
-        self._last = now
-
-    def reserve(self) -> float:
-        """Take a token; return how long to wait before using it (0: now)."""
-        if self.qps <= 0:
-            return 0.0
-        with self._lock:
-            self._refill()
-            self._tokens -= 1.0
-            return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
-
-    def try_acquire(self) -> bool:
-        """Take a token only if one is available now."""
-        if self.qps <= 0:
-            return True
-        with self._lock:
-            self._refill()
-            if self._tokens >= 1.0:
-                self._tokens -= 1.0
-                return True
-            return False
-
-    def acquire(self, stop: threading.Event | None = None) -> bool:
-        """Wait for a token; False if ``stop`` was set meanwhile."""
-        delay = self.reserve()
-        if delay <= 0:
-            return stop is None or not stop.is_set()
-        if stop is None:
-            time.sleep(delay)
-            return True
-        return not stop.wait(delay)
-
-
-# --------------------------------------------------------------------------------- cluster
-
-
-class GatedClusterState(ClusterState):
-    """A :class:`ClusterState` that cannot be checked out before the initial sync, nor in the
-    middle of a relist.
-
-    ``checkout()`` blocks until :meth:`open` (the API source calls it once the Services,
-    EndpointSlices and Node lists are all complete) and takes the batch lock, which the source
-    holds while it applies a relist: a sync sees the cluster before or after a relist, never
-    half of one, and never a cluster whose lists are incomplete (which would delete the rules
-    of every Service not listed yet).
-    """
-
-    def __init__(
-        self,
-        node_name: str,
-        families: Iterable[IPFamily] = (IPFamily.IPv4, IPFamily.IPv6),
-        on_invalid: ErrorSink | None = None,
-    ) -> None:
-        super().__init__(node_name, families, on_invalid)
-        self._gate = threading.Condition(threading.RLock())
-        self._open = False
-        self._closed = False
-
-    def batch(self) -> contextlib.AbstractContextManager[Any]:
-        """Hold while applying several changes that must be seen together."""
-        return self._gate
-
-    def open(self) -> None:
-        with self._gate:
-            self._open = True
-            self._gate.notify_all()
-
-    def close(self) -> None:
-        """The source gave up: a blocked checkout raises instead of waiting forever."""
-        with self._gate:
-            self._closed = True
-            self._gate.notify_all()
-
-    @property
-    def is_open(self) -> bool:
-        return self._open
-
-    def checkout(self, full: bool = False) -> ProxyState:
-        with self._gate:
-            while not self._open:
-                if self._closed:
-                    raise KubeplexError(
-                        "the Kubernetes API source stopped before its initial sync: "
-                        "nothing may be programmed from an incomplete cluster"
-                    )
-                self._gate.wait()
-            return super().checkout(full)
-
-
-# --------------------------------------------------------------------------------- events
-
-
-def _now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass
-class _Posted:
-    name: str
-    namespace: str
-    count: int
-
-
-class EventRecorder:
-    """Posts core/v1 Events about objects kubeplex cannot program, off the watch threads.
-
-    Like client-go's recorder: identical events (same object, reason and message) are
-    aggregated into one Event whose ``count`` is patched; each object may produce ``burst``
-    events, then one per ``refill_seconds`` (EventSourceObjectSpamFilter); a full queue drops
-    events rather than blocking a watch. Every event is also logged.
-    """
-
-    def __init__(
-        self,
-        api: ApiTransport,
-        node_name: str,
-        *,
-        component: str = DEFAULT_COMPONENT,
-        burst: int = 25,
-        refill_seconds: float = 300.0,
-        queue_size: int = 1000,
-        max_tracked: int = 4096,
-        request_timeout: tuple[float, float] = (5.0, 10.0),
-    ) -> None:
-        self._api = api
-        self.request_timeout = request_timeout
-        self.node_name = node_name
-        self.component = component
-        self._burst = burst
-        self._refill = refill_seconds
-        self._max_tracked = max_tracked
-        self._queue: deque[tuple[JSON, str, str, str]] = deque()
-        self._busy = False
-        self._queue_size = queue_size
-        self._cond = threading.Condition()
-        self._stop = False
-        self._buckets: OrderedDict[tuple[str, ...], TokenBucket] = OrderedDict()
-        self._posted: OrderedDict[tuple[str, ...], _Posted] = OrderedDict()
-        self._thread: threading.Thread | None = None
-        self.posted = 0
-        self.dropped = 0
-        self.failed = 0
-
-    # the ClusterState sink
-    def invalid_object(self, err: InvalidObject, obj: Mapping[str, Any]) -> None:
-        message = err.details or str(err)
-        self.record(
-            obj,
-            "Warning",
-            REASON_FAILED_TO_PROGRAM,
-            f"kubeplex cannot program this object, the last valid version stays in effect: "
-            f"{message}",
-        )
-
-    def record(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        """Queue an event about ``obj`` (a raw API object). Never blocks."""
-        ref = _object_reference(obj)
-        message = clip(message, EVENT_MESSAGE_LIMIT)
-        log.warning("event %s %s on %s: %s", type_, reason, _where(obj), message)
-        key = (ref.get("kind", ""), ref.get("namespace", ""), ref.get("name", ""))
-        with self._cond:  # watch threads of different resources report concurrently
-            bucket = self._buckets.get(key)
-            if bucket is None:
-                bucket = TokenBucket(1.0 / self._refill, self._burst)
-                self._buckets[key] = bucket
-                while len(self._buckets) > self._max_tracked:
-                    self._buckets.popitem(last=False)
-            if not bucket.try_acquire() or len(self._queue) >= self._queue_size:
-                self.dropped += 1
-                return
-            self._queue.append((ref, type_, reason, message))
-            self._cond.notify()
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._stop = False
-            self._thread = threading.Thread(target=self._run, name="kubeapi-events", daemon=True)
-            self._thread.start()
-
-    def stop(self, timeout: float = 1.0) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-
-    def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until the queue is empty (tests, shutdown). False on timeout."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._queue or self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.05))
-        return True
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._stop:
-                    self._cond.wait()
-                if self._stop:
-                    return
-                item = self._queue.popleft()
-                self._busy = True
-            try:
-                self._post(*item)
-            except Exception as err:  # an event must never take anything down
-                self.failed += 1
-                log.warning(
-                    "could not record event %s on %s: %s",
-                    item[2],
-                    _where(item[0]),
-                    clip(str(err), LOG_TEXT_LIMIT),
-                )
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
-
-    def _post(self, ref: JSON, type_: str, reason: str, message: str) -> None:
-        namespace = ref.get("namespace") or "default"
-        key = (
-            ref.get("kind", ""),
-            namespace,
-            ref.get("name", ""),
-            ref.get("uid", ""),
-            type_,
-            reason,
-            message,
-        )
-        now = _now_rfc3339()
-        seen = self._posted.get(key)
-        if seen is not None:
-            try:
-                api_request(
-                    self._api,
-                    "PATCH",
-                    EVENT_PATH,
-                    path_params={"namespace": seen.namespace, "name": seen.name},
-                    body={"count": seen.count + 1, "lastTimestamp": now},
-                    content_type="application/strategic-merge-patch+json",
-                    timeout=self.request_timeout,
-                ).release_conn()
-                seen.count += 1
-                self.posted += 1
-                self._posted.move_to_end(key)
-                return
-            except ApiException as err:
-                if err.status != 404:  # gone (events expire): create a fresh one
-                    raise
-                del self._posted[key]
-        name = str(ref.get("name", ""))
-        if not _DNS1123_SUBDOMAIN.match(name) or len(name) > 200:
-            name = "kubeplex"
-        event_name = f"{name}.{time.time_ns():x}"
-        body: JSON = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": event_name, "namespace": namespace},
-            "involvedObject": ref,
-            "reason": reason,
-            "message": message,
-            "type": type_,
-            "source": {"component": self.component, "host": self.node_name},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-            "reportingComponent": self.component,
-            "reportingInstance": self.node_name,
-        }
-        api_request(
-            self._api,
-            "POST",
-            EVENTS_PATH,
-            path_params={"namespace": namespace},
-            body=body,  # sent as JSON, with no Content-Type (as the generated client does)
-            timeout=self.request_timeout,
-        ).release_conn()
-        self.posted += 1
-        self._posted[key] = _Posted(event_name, namespace, 1)
-        while len(self._posted) > self._max_tracked:
-            self._posted.popitem(last=False)
-
-
-def _object_reference(obj: Mapping[str, Any]) -> JSON:
-    meta = obj.get("metadata")
-    meta = meta if isinstance(meta, Mapping) else {}
-    ref: JSON = {
-        "kind": _short_str(obj.get("kind", "")),
-        "apiVersion": _short_str(obj.get("apiVersion", "")),
-    }
-    for src, dst in (
-        ("name", "name"),
-        ("namespace", "namespace"),
-        ("uid", "uid"),
-        ("resourceVersion", "resourceVersion"),
-    ):
-        value = meta.get(src)
-        # Longer than any API object's: no object to refer to (and no megabytes to post).
-        if isinstance(value, str) and value and len(value) <= REF_VALUE_LIMIT:
-            ref[dst] = value
-    if ref["kind"] == "Node":
-        ref.pop("namespace", None)
-    return ref
-
-
-def _short_str(value: Any) -> str:
-    return value if isinstance(value, str) and len(value) <= REF_VALUE_LIMIT else ""
-
-
-def _where(obj: Mapping[str, Any]) -> str:
-    """``Kind ns/name`` of a raw object (or object reference) for a log line, bounded."""
-    meta = obj.get("metadata", obj)
-    meta = meta if isinstance(meta, Mapping) else {}
-    kind = bare(obj.get("kind") or "?", 64)
-    name = bare(meta.get("name", ""))
-    ns = meta.get("namespace")
-    return f"{kind} {bare(ns)}/{name}" if ns and kind != "Node" else f"{kind} {name}"
-
-
-# --------------------------------------------------------------------------------- source
 
 
 class _Expired(Exception):
@@ -522,190 +173,12 @@ _QUERY_ORDER = (
 
 #: Put on a list's page queue when its paging starts over.
 _RESTART = object()
-_DECODER = json.JSONDecoder()
-_WS = re.compile(r"[ \t\n\r]*")
 
 
-def _list_meta(data: bytes) -> JSON | None:
-    """The top-level ``metadata`` of a list response, read without decoding its items (the
-    API server writes ``kind``, ``apiVersion`` and ``metadata`` before ``items``); None if the
-    items come first or the text is not such an object (it is then decoded whole)."""
-    try:
-        text = data[:4096].decode("utf-8", errors="replace")
-        pos = _WS.match(text, 0).end()  # type: ignore[union-attr]
-        if text[pos : pos + 1] != "{":
-            return None
-        pos += 1
-        while True:
-            pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
-            key, pos = _DECODER.raw_decode(text, pos)
-            pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
-            if key == "items" or text[pos : pos + 1] != ":":
-                return None
-            pos = _WS.match(text, pos + 1).end()  # type: ignore[union-attr]
-            value, pos = _DECODER.raw_decode(text, pos)
-            if key == "metadata":
-                return value if isinstance(value, dict) else {}
-            pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
-            if text[pos : pos + 1] != ",":
-                return None
-            pos += 1
-    except (ValueError, IndexError):
-        return None
-
-
-def _list_items(body: Any) -> Iterator[JSON]:
-    """The items of a list response, one at a time: decoded from its text item by item (so
-    no second copy of the whole list is ever built), or taken from the decoded list."""
-    if isinstance(body, _Streamed):
-        yield from _streamed_items(body)
-        return
-    if isinstance(body, dict):
-        got = body.get("items") or []
-        yield from (item for item in got if isinstance(item, dict)) if isinstance(got, list) else ()
-        return
-    text = body.decode("utf-8") if isinstance(body, bytes | bytearray) else str(body)
-    start = _items_start(text)
-    if start < 0:  # not laid out as the API server writes it: decode it whole
-        yield from _list_items(json.loads(text))
-        return
-    pos = _WS.match(text, start).end()  # type: ignore[union-attr]
-    if text[pos : pos + 1] == "]":
-        return
-    while True:
-        item, pos = _DECODER.raw_decode(text, pos)
-        if isinstance(item, dict):
-            yield item
-        pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
-        sep = text[pos : pos + 1]
-        if sep == "]":
-            return
-        if sep != ",":
-            raise ValueError(f"list response: expected ',' or ']' at {pos}, got {sep!r}")
-        pos = _WS.match(text, pos + 1).end()  # type: ignore[union-attr]
-
-
-def _items_start(text: str) -> int:
-    """Where the array of a list response's top-level ``items`` opens (just after its "["),
-    reading the members before it; -1 if the text is not such an object."""
-    try:
-        pos = _WS.match(text, 0).end()  # type: ignore[union-attr]
-        if text[pos : pos + 1] != "{":
-            return -1
-        pos += 1
-        while True:
-            pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
-            key, pos = _DECODER.raw_decode(text, pos)
-            pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
-            if not isinstance(key, str) or text[pos : pos + 1] != ":":
-                return -1
-            pos = _WS.match(text, pos + 1).end()  # type: ignore[union-attr]
-            if key == "items":
-                return pos + 1 if text[pos : pos + 1] == "[" else -1
-            _value, pos = _DECODER.raw_decode(text, pos)
-            pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
-            if text[pos : pos + 1] != ",":
-                return -1
-            pos += 1
-    except (ValueError, IndexError):
-        return -1
-
-
-#: How much of a list response is read at a time while its items are decoded.
-_CHUNK = 1 << 16
-
-
-@dataclass
-class _Streamed:
-    """The last page of a list, still arriving: ``head`` (read to find its list metadata),
-    then ``rest``; its items are decoded as they come in (an API server that streams lists,
-    as kube-apiserver does since 1.33, is still writing the later ones). ``release(read)``
-    gives the connection back: for reuse once the page is all read, closed if not."""
-
-    head: bytes
-    rest: Iterator[bytes]
-    release: Callable[[bool], None]
-
-
-def _streamed_items(page: _Streamed) -> Iterator[JSON]:
-    """The items of a streamed page, each decoded once it is complete: what is incomplete
-    at the end of the text read so far is decoded again with more text (a failure counts
-    only when the response has ended)."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    text = decoder.decode(page.head)
-    ended = read = False
-
-    def more() -> bool:
-        nonlocal text, ended
-        for chunk in page.rest:
-            if chunk:
-                text += decoder.decode(chunk)
-                return True
-        if not ended:
-            text += decoder.decode(b"", final=True)
-            ended = True
-        return False
-
-    try:
-        start = _items_start(text)
-        while start < 0 and more():
-            start = _items_start(text)
-        if start < 0:  # not laid out as the API server writes it: decode it whole
-            while more():
-                pass
-            read = True
-            yield from _list_items(text)
-            return
-        pos = start
-        while True:
-            pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
-            if pos == len(text) and more():
-                continue
-            if text[pos : pos + 1] == "]":
-                read = _drained(more)
-                return
-            try:
-                item, end = _DECODER.raw_decode(text, pos)
-            except ValueError:
-                # Incomplete, or broken: twice as much text before the next try, so an item
-                # longer than many chunks is decoded a few times, not once per chunk.
-                before = len(text)
-                want = pos + 2 * (before - pos)
-                while len(text) < want and more():
-                    pass
-                if len(text) > before:
-                    continue
-                raise
-            if isinstance(item, dict):
-                yield item
-            pos = _WS.match(text, end).end()  # type: ignore[union-attr]
-            while pos == len(text) and more():
-                pos = _WS.match(text, pos).end()  # type: ignore[union-attr]
-            sep = text[pos : pos + 1]
-            if sep == "]":
-                read = _drained(more)
-                return
-            if sep != ",":
-                raise ValueError(f"list response: expected ',' or ']' at {pos}, got {sep!r}")
-            pos += 1
-            if pos > _CHUNK:  # what is decoded goes: the text held stays about a chunk
-                text, pos = text[pos:], 0
-    finally:
-        page.release(read)
-
-
-def _drained(more: Callable[[], bool]) -> bool:
-    """Read what follows the items (the closing brace) to the response's end: True, the
-    connection can be reused."""
-    while more():
-        pass
-    return True
-
-
-def _slim(obj: JSON) -> JSON:
+def drop_unread_fields(obj: JSON) -> JSON:
     """``obj`` without what no part of kubeplex reads and an API server adds to every object
     (client-go's TransformStripManagedFields, and the endpoints' pod references): a cluster's
-    objects take half the memory."""
+    objects take much less memory (bench/cold_start.py's rss)."""
     meta = obj.get("metadata")
     if type(meta) is dict:
         meta.pop("managedFields", None)
@@ -730,78 +203,6 @@ def _rv_of(obj: Mapping[str, Any]) -> str:
     return str(meta.get("resourceVersion") or "")
 
 
-def _rv_unavailable(err: ApiException) -> bool:
-    """A list's resourceVersion is gone or not there yet: 410 Expired/Gone, or the 504
-    Timeout whose cause is ResourceVersionTooLarge (client-go's isExpiredError and
-    isTooLargeResourceVersionError, the older servers' message included)."""
-    if err.status == 410:
-        return True
-    if err.status != 504:
-        return False
-    try:
-        status = json.loads(err.body or "{}")
-    except (ValueError, TypeError):
-        return False
-    if not isinstance(status, dict):
-        return False
-    details = status.get("details")
-    causes = details.get("causes") if isinstance(details, dict) else None
-    for cause in causes if isinstance(causes, list) else []:
-        if isinstance(cause, dict) and (
-            cause.get("reason") == "ResourceVersionTooLarge"
-            or cause.get("message") == "Too large resource version"
-        ):
-            return True
-    return "Too large resource version" in str(status.get("message", ""))
-
-
-def _read_page(resp: Any) -> tuple[Any, JSON]:
-    """A list response's page and its list metadata. The metadata comes before the items (as
-    the API server writes them): the last page (no continue token) is handed on still
-    arriving, a :class:`_Streamed`; another is read whole, its connection free for the next
-    request; a response laid out otherwise is decoded whole here."""
-    chunks = _blocks(resp)
-    head = b""
-    try:
-        meta = None
-        for chunk in chunks:
-            head += chunk
-            meta = _list_meta(head)
-            if meta is not None or len(head) >= 4096:
-                break
-        if meta is not None and not (meta.get("continue") or ""):
-            return _Streamed(head, chunks, lambda read: _let_go(resp, read)), meta
-        data = head + b"".join(chunks)
-    except BaseException:
-        _let_go(resp, False)
-        raise
-    _let_go(resp, True)
-    if meta is None:  # no metadata before the items: decode it all here
-        body = json.loads(data)
-        return body, body.get("metadata") or {}
-    return data, meta
-
-
-def _blocks(resp: Any) -> Iterator[bytes]:
-    """A response's body in blocks of ``_CHUNK`` bytes (the last one shorter), however the
-    server cut it: Go's server sends a streamed list in chunks of about 2 KB, and each piece
-    appended to the text and decoded again costs far more than its bytes (read as urllib3
-    streams the chunks, 1,000 EndpointSlices took 92 ms of CPU instead of 48)."""
-    while True:
-        block = resp.read(_CHUNK, decode_content=True)
-        if not block:
-            return
-        yield block
-
-
-def _let_go(resp: Any, read: bool) -> None:
-    """Give a response's connection back to the pool: closed unless the response was read to
-    its end (what is left of it must not be taken for the next response)."""
-    if not read:
-        resp.close()
-    resp.release_conn()
-
-
 def _iter_lines(resp: Any) -> Iterator[bytes]:
     """Newline-delimited JSON frames of a watch response, as they arrive."""
     buffer = bytearray()
@@ -818,34 +219,6 @@ def _iter_lines(resp: Any) -> Iterator[bytes]:
     tail = bytes(buffer).strip()
     if tail:
         yield tail
-
-
-def _connection_refused(err: BaseException) -> bool:
-    """ECONNREFUSED anywhere in the chain (urllib3 wraps it twice), as Go's
-    ``utilnet.IsConnectionRefused`` finds it: the server is down, the watch can wait for it."""
-    seen: set[int] = set()
-    cause: BaseException | None = err
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, ConnectionRefusedError):
-            return True
-        seen.add(id(cause))
-        reason = getattr(cause, "reason", None)
-        cause = (
-            reason if isinstance(reason, BaseException) else cause.__cause__ or cause.__context__
-        )
-    return False
-
-
-def _describe(err: BaseException) -> str:
-    if isinstance(err, ApiException):
-        message = ""
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            message = json.loads(err.body or "{}").get("message", "")
-        text = f"HTTP {err.status} {err.reason}" + (f": {message}" if message else "")
-    else:
-        text = f"{type(err).__name__}: {err}"
-    # A server's message may quote an object's values: bounded, like anything quoting them.
-    return clip(text, LOG_TEXT_LIMIT)
 
 
 class KubeApiSource:
@@ -1072,7 +445,7 @@ class KubeApiSource:
             except Exception as err:
                 if self._stop.is_set():
                     return
-                r.last_error = _describe(err)
+                r.last_error = describe_failure(err)
                 level, what = logging.WARNING, f"list/watch failed ({r.last_error})"
             delay = backoff.step()
             log.log(
@@ -1171,11 +544,11 @@ class KubeApiSource:
             # The fetcher's reading of the list metadata decides, so both agree on the end.
             body, meta = page
             page = None  # the response's text goes as soon as its items are decoded
-            for item in _list_items(body):
+            for item in list_items(body):
                 # List items lack TypeMeta; give them the kind a manifest or watch event has.
                 item.setdefault("kind", r.kind)
                 item.setdefault("apiVersion", r.api_version)
-                items[_key(item)] = _slim(item)
+                items[_key(item)] = drop_unread_fields(item)
             body = None
             if not (meta.get("continue") or ""):
                 return items, str(meta.get("resourceVersion") or "")
@@ -1213,13 +586,13 @@ class KubeApiSource:
                         pages.put(_RESTART)
                         token, paged, rv = "", False, ""
                         continue
-                    if not token and not retried and rv and _rv_unavailable(err):
+                    if not token and not retried and rv and resource_version_unavailable(err):
                         # Too old (compacted) or too new (a lagging cache): a consistent list.
                         log.info(
                             "%s: list at resourceVersion %s failed (%s): listing the latest",
                             r.name,
                             bare(rv),
-                            _describe(err),
+                            describe_failure(err),
                         )
                         r.rv_unavailable = True
                         if pages_put:
@@ -1227,9 +600,9 @@ class KubeApiSource:
                         rv, paged, retried = "", self.page_size > 0, True
                         continue
                     if err.status in (403, 404) and not r.required:
-                        raise _Missing(err.status, _describe(err)) from err
+                        raise _Missing(err.status, describe_failure(err)) from err
                     raise
-                body, meta = _read_page(resp)
+                body, meta = read_page(resp)
                 token = meta.get("continue") or ""
                 if rv == "0" and token:
                     r.paginated = True  # no watch cache answered: page the relists too
@@ -1307,13 +680,13 @@ class KubeApiSource:
             )
         except ApiException as err:
             if err.status == 410:
-                raise _Expired(_describe(err)) from err
+                raise _Expired(describe_failure(err)) from err
             if err.status == 429:
-                raise _Refused(_describe(err)) from err
+                raise _Refused(describe_failure(err)) from err
             raise
         except Exception as err:
-            if _connection_refused(err):
-                raise _Refused(_describe(err)) from err
+            if connection_refused(err):
+                raise _Refused(describe_failure(err)) from err
             raise
         r.response = resp
         r.watches += 1
@@ -1352,7 +725,7 @@ class KubeApiSource:
             obj.setdefault("kind", r.kind)
             obj.setdefault("apiVersion", r.api_version)
             r.known[_key(obj)] = rv
-            self._set(r, _slim(obj))
+            self._set(r, drop_unread_fields(obj))
         elif typ == "DELETED":
             r.known.pop(_key(obj), None)
             self._delete(r, obj)

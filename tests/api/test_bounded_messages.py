@@ -17,7 +17,7 @@ from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer
 from kubeplex.core.config.kubeproxy import default_config
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.errors import FieldError, InvalidObject, clip, shown
-from kubeplex.core.sources.kubeapi import EventRecorder
+from kubeplex.core.sources.event_recorder import EventRecorder
 from kubeplex.core.sources.kubeclient import make_api_client
 from kubeplex.core.sources.manifests import ManifestSource
 from kubeplex.testing.dataplane import node_object, service

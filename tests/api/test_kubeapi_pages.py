@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubeplex.core.sources import kubeapi
-from kubeplex.core.sources.kubeapi import _list_items, _list_meta, _slim, _Streamed
+from kubeplex.core.sources import list_decoder
+from kubeplex.core.sources.kubeapi import drop_unread_fields
+from kubeplex.core.sources.list_decoder import StreamedPage, list_items, list_metadata
 
 
 def test_list_meta_is_read_before_the_items() -> None:
@@ -20,8 +21,8 @@ def test_list_meta_is_read_before_the_items() -> None:
         "metadata": {"resourceVersion": "7", "continue": "tok"},
         "items": [{"metadata": {"name": "x"}}],
     }
-    assert _list_meta(json.dumps(page).encode()) == page["metadata"]
-    assert _list_meta(json.dumps(page, indent=2).encode()) == page["metadata"]
+    assert list_metadata(json.dumps(page).encode()) == page["metadata"]
+    assert list_metadata(json.dumps(page, indent=2).encode()) == page["metadata"]
 
 
 @pytest.mark.parametrize(
@@ -36,11 +37,11 @@ def test_list_meta_is_read_before_the_items() -> None:
     ],
 )
 def test_list_meta_leaves_odd_pages_to_the_full_decoder(text: bytes) -> None:
-    assert _list_meta(text) is None
+    assert list_metadata(text) is None
 
 
 def test_list_meta_of_a_non_object_is_empty() -> None:
-    assert _list_meta(b'{"metadata": 3, "items": []}') == {}
+    assert list_metadata(b'{"metadata": 3, "items": []}') == {}
 
 
 # ---------------------------------------------------------------------- items, one at a time
@@ -55,8 +56,8 @@ ITEMS = [
 def test_list_items_are_decoded_one_by_one_as_the_whole(indent: int | None) -> None:
     page = {"kind": "ServiceList", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}}
     text = json.dumps({**page, "items": ITEMS}, indent=indent).encode()
-    assert list(_list_items(text)) == ITEMS
-    assert list(_list_items(json.dumps({**page, "items": []}, indent=indent).encode())) == []
+    assert list(list_items(text)) == ITEMS
+    assert list(list_items(json.dumps({**page, "items": []}, indent=indent).encode())) == []
 
 
 @pytest.mark.parametrize(
@@ -70,7 +71,7 @@ def test_list_items_are_decoded_one_by_one_as_the_whole(indent: int | None) -> N
     ],
 )
 def test_list_items_of_other_layouts(page: dict[str, object], expected: list[object]) -> None:
-    assert list(_list_items(json.dumps(page).encode())) == expected
+    assert list(list_items(json.dumps(page).encode())) == expected
 
 
 @pytest.mark.parametrize(
@@ -78,12 +79,12 @@ def test_list_items_of_other_layouts(page: dict[str, object], expected: list[obj
 )
 def test_list_items_of_a_broken_response_raise(text: bytes) -> None:
     with pytest.raises(ValueError):
-        list(_list_items(text))
+        list(list_items(text))
 
 
 def test_list_items_of_a_decoded_list() -> None:
-    assert list(_list_items({"items": ITEMS})) == ITEMS
-    assert list(_list_items({"items": "nope"})) == []
+    assert list(list_items({"items": ITEMS})) == ITEMS
+    assert list(list_items({"items": "nope"})) == []
 
 
 def test_slim_drops_what_nothing_reads_and_keeps_the_rest() -> None:
@@ -103,7 +104,7 @@ def test_slim_drops_what_nothing_reads_and_keeps_the_rest() -> None:
             "odd",
         ],
     }
-    slim = _slim(obj)
+    slim = drop_unread_fields(obj)
     assert slim["metadata"] == {
         "name": "web-abc",
         "uid": "u",
@@ -112,13 +113,16 @@ def test_slim_drops_what_nothing_reads_and_keeps_the_rest() -> None:
         "labels": {"kubernetes.io/service-name": "web"},
     }
     assert slim["endpoints"] == [{"addresses": ["10.0.0.1"], "zone": "a"}, "odd"]
-    assert _slim({"metadata": "odd", "endpoints": "odd"}) == {"metadata": "odd", "endpoints": "odd"}
+    assert drop_unread_fields({"metadata": "odd", "endpoints": "odd"}) == {
+        "metadata": "odd",
+        "endpoints": "odd",
+    }
 
 
 # ---------------------------------------------------------------------- items, as they arrive
 
 
-def streamed(text: bytes, sizes: list[int]) -> tuple[_Streamed, list[bool]]:
+def streamed(text: bytes, sizes: list[int]) -> tuple[StreamedPage, list[bool]]:
     """``text`` as a streamed page arriving in pieces of ``sizes`` (cycled); the release
     calls it made."""
     released: list[bool] = []
@@ -127,7 +131,7 @@ def streamed(text: bytes, sizes: list[int]) -> tuple[_Streamed, list[bool]]:
         step = max(1, sizes[i % len(sizes)])
         cuts.append(text[pos : pos + step])
         pos, i = pos + step, i + 1
-    return _Streamed(cuts[0] if cuts else b"", iter(cuts[1:]), released.append), released
+    return StreamedPage(cuts[0] if cuts else b"", iter(cuts[1:]), released.append), released
 
 
 UNICODE_ITEMS = [
@@ -149,7 +153,7 @@ def test_streamed_items_are_those_of_the_whole_however_the_text_is_cut(
     page = {"kind": "ServiceList", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}}
     text = json.dumps({**page, "items": items}, indent=indent, ensure_ascii=False).encode()
     body, released = streamed(text, sizes)
-    assert list(_list_items(body)) == items
+    assert list(list_items(body)) == items
     assert released == [True]  # all read: the connection is reused
 
 
@@ -167,7 +171,7 @@ def test_streamed_items_of_other_layouts(
     size: int, page: dict[str, object], expected: list[object]
 ) -> None:
     body, released = streamed(json.dumps(page).encode(), [size])
-    assert list(_list_items(body)) == expected
+    assert list(list_items(body)) == expected
     assert released == [True]
 
 
@@ -185,14 +189,14 @@ def test_streamed_items_of_other_layouts(
 def test_streamed_items_of_a_broken_response_raise(size: int, text: bytes, reused: bool) -> None:
     body, released = streamed(text, [size])
     with pytest.raises(ValueError):
-        list(_list_items(body))
+        list(list_items(body))
     assert released == [reused]
 
 
 def test_a_streamed_page_given_up_halfway_closes_its_connection() -> None:
     text = json.dumps({"metadata": {}, "items": ITEMS}).encode()
     body, released = streamed(text, [8])
-    items = _list_items(body)
+    items = list_items(body)
     assert next(items) == ITEMS[0]
     items.close()
     assert released == [False]
@@ -203,17 +207,17 @@ def test_a_streamed_item_longer_than_many_chunks_is_decoded_a_few_times_only() -
     text = json.dumps({"metadata": {}, "items": [ITEMS[0], big, ITEMS[1]]}).encode()
     body, released = streamed(text, [100])
     decodes = 0
-    real = kubeapi._DECODER.raw_decode
+    real = list_decoder._DECODER.raw_decode
 
     def counting(s: str, idx: int = 0) -> tuple[object, int]:
         nonlocal decodes
         decodes += 1
         return real(s, idx)
 
-    kubeapi._DECODER.raw_decode = counting  # type: ignore[method-assign]
+    list_decoder._DECODER.raw_decode = counting  # type: ignore[method-assign]
     try:
-        assert list(_list_items(body)) == [ITEMS[0], big, ITEMS[1]]
+        assert list(list_items(body)) == [ITEMS[0], big, ITEMS[1]]
     finally:
-        del kubeapi._DECODER.raw_decode
+        del list_decoder._DECODER.raw_decode
     assert released == [True]
     assert decodes < 40  # 2,000 pieces of 100 bytes: not one try per piece

@@ -19,13 +19,8 @@ from kubeapi_kit import api_source, rbac_server
 from kubernetes.client.exceptions import ApiException
 
 from kubeplex.core.model.types import IPFamily
-from kubeplex.core.sources.kubeapi import (
-    ENDPOINTSLICES,
-    NODES,
-    SERVICES,
-    KubeApiSource,
-    _rv_unavailable,
-)
+from kubeplex.core.sources.api_errors import resource_version_unavailable
+from kubeplex.core.sources.kubeapi import ENDPOINTSLICES, NODES, SERVICES, KubeApiSource
 
 NODE = "kind-worker"
 NS = "default"
@@ -257,4 +252,4 @@ def _api_exception(status: int, body: dict[str, Any]) -> ApiException:
 def test_what_makes_a_resource_version_unavailable(
     status: int, body: dict[str, Any], unavailable: bool
 ) -> None:
-    assert _rv_unavailable(_api_exception(status, body)) is unavailable
+    assert resource_version_unavailable(_api_exception(status, body)) is unavailable

@@ -23,18 +23,18 @@ from kubeplex.core.cli import run as run_command
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.graph import ProxyState
 from kubeplex.core.model.types import IPFamily
-from kubeplex.core.sources import kubeapi
+from kubeplex.core.sources import list_decoder
+from kubeplex.core.sources.event_recorder import REASON_FAILED_TO_PROGRAM
+from kubeplex.core.sources.gated_cluster import GatedClusterState
 from kubeplex.core.sources.kubeapi import (
     ENDPOINTSLICES,
     NODES,
     PROXY_LABEL_SELECTOR,
-    REASON_FAILED_TO_PROGRAM,
     SERVICECIDRS,
     SERVICES,
-    GatedClusterState,
     KubeApiSource,
-    TokenBucket,
 )
+from kubeplex.core.sources.token_bucket import TokenBucket
 from kubeplex.core.startup import collector
 
 NODE = "kind-worker"
@@ -169,7 +169,7 @@ def test_lists_streamed_or_sent_whole_give_the_same_cluster(
 ) -> None:
     # Small pieces on both sides: items cut across chunks, the decoded text let go often.
     monkeypatch.setattr(apiserver_module, "LIST_BUFFER", 300)
-    monkeypatch.setattr(kubeapi, "_CHUNK", 500)
+    monkeypatch.setattr(list_decoder, "_CHUNK", 500)
     populate(srv, 40)
     source = synced(make_source)
     assert programmed(source.cluster) == {f"default/s{i}" for i in range(40)}

@@ -13,7 +13,7 @@ import pytest
 from apiserver import FakeApiServer
 from kubeapi_kit import api_source, rbac_server
 
-from kubeplex.core.sources import kubeapi
+from kubeplex.core.sources.api_errors import connection_refused
 from kubeplex.core.sources.kubeapi import ENDPOINTSLICES, RESOURCES, SERVICES, KubeApiSource
 from kubeplex.core.sources.kubeclient import ApiException, api_request
 from kubeplex.core.sources.reflector_backoff import ReflectorBackoff
@@ -199,8 +199,8 @@ def test_a_refused_connection_is_told_from_other_failures(
             api_request(source.api, "GET", "/api/v1/services", timeout=(2.0, 2.0))
     finally:
         srv.start()
-    assert kubeapi._connection_refused(refused.value)
+    assert connection_refused(refused.value)
     srv.fail_next(1, code=500)
     with pytest.raises(ApiException) as failed:
         api_request(source.api, "GET", "/api/v1/services", timeout=(2.0, 2.0))
-    assert not kubeapi._connection_refused(failed.value)
+    assert not connection_refused(failed.value)

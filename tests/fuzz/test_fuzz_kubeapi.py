@@ -26,7 +26,8 @@ from hypothesis import given
 from kube_strategies import NODE, Mix, mixes, node_object
 
 from kubeplex.core.config.kubeproxy import default_config
-from kubeplex.core.sources.kubeapi import GatedClusterState, KubeApiSource
+from kubeplex.core.sources.gated_cluster import GatedClusterState
+from kubeplex.core.sources.kubeapi import KubeApiSource
 
 #: Generous: a watch event takes milliseconds; this only turns a stall into a failure.
 STALL_SECONDS = 30.0
