@@ -4,7 +4,7 @@ Each field is *honoured* as upstream does, *partly* honoured (a warning for the 
 cannot act on), or *warned*: accepted, because it cannot apply to kubeplex, with one warning at
 start when the file sets it to something other than its default. :data:`FIELDS` is the one
 table: :func:`start_warnings` reads it for the start-up warnings and :func:`markdown_table` renders
-README's table from it, so the two cannot drift.
+docs/configuration.md's table from it, so the two cannot drift.
 """
 
 from __future__ import annotations
@@ -41,16 +41,16 @@ Check = Callable[[KubeProxyConfiguration, Any], bool]
 
 @dataclass(frozen=True)
 class FieldUse:
-    """``does``: what kubeplex does with the field (README's words). For PARTLY and WARNED,
+    """``does``: what kubeplex does with the field (the docs' words). For PARTLY and WARNED,
     ``why`` is the warning's reason and ``unusable`` says whether this configuration asks for
     what kubeplex cannot do (default: the value is set and differs from the default), in
-    README's words ``when``."""
+    the docs' words ``when``."""
 
     status: str
     does: str
     why: str = ""
     unusable: Check | None = None
-    #: When the warning is given, for README (``unusable`` says it to the code).
+    #: When the warning is given, for the docs (``unusable`` says it to the code).
     when: str = "when set"
 
 
@@ -264,7 +264,7 @@ def start_warnings(cfg: KubeProxyConfiguration) -> list[tuple[str, str]]:
 
 
 def markdown_table() -> str:
-    """README's table: field, status, what kubeplex does (warned fields say why)."""
+    """docs/configuration.md's table: field, status, what kubeplex does (warned fields say why)."""
     lines = ["| field | status | what kubeplex does |", "| --- | --- | --- |"]
     for path, use in FIELDS.items():
         does = use.does if use.status == HONOURED else f"{use.does}; warns {use.when}: {use.why}"

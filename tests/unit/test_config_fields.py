@@ -1,4 +1,4 @@
-"""Every KubeProxyConfiguration field is honoured or warned about, and README says which."""
+"""Every KubeProxyConfiguration field is honoured or warned about, and the docs say which."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from kubeplex.core.config.kubeproxy import (
 from kubeplex.core.daemon import process
 
 HEADER = f"apiVersion: {API_VERSION}\nkind: {KIND}\n"
-README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIGURATION_DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 OOM = Path("/proc/self/oom_score_adj")
 
 
@@ -116,13 +116,13 @@ clientConnection:
     assert _warned(body) == []
 
 
-def test_readme_holds_the_table() -> None:
-    text = README.read_text(encoding="utf-8")
+def test_the_configuration_doc_holds_the_table() -> None:
+    text = CONFIGURATION_DOC.read_text(encoding="utf-8")
     start = text.index("\n## Configuration fields\n")
     end = text.find("\n## ", start + 1)
     section = text[start : end if end >= 0 else len(text)]
     table = "".join(line + "\n" for line in section.splitlines() if line.startswith("|"))
-    assert table == fields.markdown_table(), "README's table is stale: paste markdown_table()"
+    assert table == fields.markdown_table(), "the doc's table is stale: paste markdown_table()"
 
 
 def test_warnings_are_logged_once_each(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
