@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubeplex.core.model.errors import FieldError, InvalidObject
-from kubeplex.core.model.objects import ServiceObject
 from kubeplex.core.model.types import Protocol
+from kubeplex.core.model.validated_objects import ServiceObject
 
 #: What a Service holds (``ClusterIP 10.96.0.10``, ``node port 30080``) -> the field asking.
 Claims = dict[str, str]

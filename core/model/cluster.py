@@ -26,9 +26,6 @@ from kubeplex.core.model.allocations import Claims, claims_of
 from kubeplex.core.model.errors import FieldError, InvalidObject, bare
 from kubeplex.core.model.graph import ChangeSet, ProxyState, ServiceGraph
 from kubeplex.core.model.objects import (
-    EndpointSliceObject,
-    ServiceCIDRObject,
-    ServiceObject,
     parse_endpoint_slice,
     parse_node,
     parse_service,
@@ -36,6 +33,11 @@ from kubeplex.core.model.objects import (
 )
 from kubeplex.core.model.tracker import EndpointsChangeTracker, ServiceChangeTracker
 from kubeplex.core.model.types import IPFamily, NodeInfo
+from kubeplex.core.model.validated_objects import (
+    EndpointSliceObject,
+    ServiceCIDRObject,
+    ServiceObject,
+)
 
 log = logging.getLogger(__name__)
 

@@ -4,118 +4,42 @@ validated.
 The API server validates objects before kube-proxy sees them; a folder of manifests has no such
 guard, and a hostile or broken object must never reach a rule. So every field a dataplane
 writes into a rule is checked here, with an error that names the object and the field.
+
+Services and EndpointSlices first try their fast path (``objects_fast_paths``), which takes the
+common, valid object without building field paths; anything else is checked here, field by
+field. The validated forms themselves are in ``validated_objects``.
 """
 
 from __future__ import annotations
 
 import re
-import socket
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from kubeplex.core.model.errors import FieldError, InvalidObject, shown
-from kubeplex.core.model.types import (
-    IPFamily,
-    NodeInfo,
-    Protocol,
-    family_of,
-    fast_init,
-    normalize_cidr,
-    normalize_ip,
+from kubeplex.core.model.objects_fast_paths import (
+    endpoint_fast_path,
+    endpoint_slice_fast_path,
+    service_fast_path,
 )
-
-# Anchored with \Z, not $: "$" also matches before a trailing newline ("web\n" would pass).
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
+from kubeplex.core.model.types import NodeInfo, Protocol, family_of, normalize_cidr, normalize_ip
+from kubeplex.core.model.validated_objects import (
+    DEFAULT_AFFINITY_TIMEOUT,
+    DNS1123_LABEL,
+    DNS1123_SUBDOMAIN,
+    LABEL_VALUE,
+    MAX_AFFINITY_TIMEOUT,
+    PORT_NAME,
+    SERVICE_NAME_LABEL,
+    SERVICE_TYPES,
+    TRIGGER_TIME_ANNOTATION,
+    EndpointSliceObject,
+    PortSpec,
+    ServiceCIDRObject,
+    ServiceObject,
+    SliceEndpoint,
+    SlicePort,
 )
-# IANA_SVC_NAME as the API server enforces for port names.
-_PORT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
-# Label values and zone names: what the API server allows in a label value.
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
-
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
-DEFAULT_AFFINITY_TIMEOUT = 10800
-MAX_AFFINITY_TIMEOUT = 86400
-
-
-@dataclass(frozen=True, slots=True)
-class PortSpec:
-    name: str
-    protocol: Protocol
-    port: int
-    node_port: int
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceObject:
-    """A validated Service; the trackers turn it into per-family ServicePorts."""
-
-    namespace: str
-    name: str
-    type: str
-    cluster_ips: tuple[str, ...]
-    headless: bool
-    ports: tuple[PortSpec, ...]
-    external_ips: tuple[str, ...] = ()
-    load_balancer_ingress_ips: tuple[str, ...] = ()
-    load_balancer_source_ranges: tuple[str, ...] = ()
-    session_affinity_client_ip: bool = False
-    affinity_timeout: int = DEFAULT_AFFINITY_TIMEOUT
-    external_traffic_policy: str = "Cluster"
-    internal_traffic_policy: str = "Cluster"
-    health_check_node_port: int = 0
-    traffic_distribution: str = ""
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    def cluster_ip_of(self, family: IPFamily) -> str:
-        for ip in self.cluster_ips:
-            if family_of(ip) is family:
-                return ip
-        return ""
-
-
-@dataclass(frozen=True, slots=True)
-class SliceEndpoint:
-    ip: str
-    ready: bool
-    serving: bool
-    terminating: bool
-    node_name: str
-    zone: str
-    zone_hints: frozenset[str]
-    node_hints: frozenset[str]
-
-
-@dataclass(frozen=True, slots=True)
-class SlicePort:
-    name: str
-    protocol: Protocol
-    port: int
-
-
-@dataclass(frozen=True, slots=True)
-class EndpointSliceObject:
-    namespace: str
-    name: str
-    service_name: str
-    address_type: str
-    ports: tuple[SlicePort, ...]
-    endpoints: tuple[SliceEndpoint, ...]
-    trigger_time: str = ""
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    @property
-    def service_key(self) -> str:
-        return f"{self.namespace}/{self.service_name}"
 
 
 class _Fields:
@@ -205,14 +129,14 @@ class _Fields:
         text = self.string(obj, path)
         if not text:
             self.fail(path, "required")
-        elif len(text) > 253 or not _DNS1123_SUBDOMAIN.match(text):
+        elif len(text) > 253 or not DNS1123_SUBDOMAIN.match(text):
             self.fail(
                 path,
                 f"must be a DNS subdomain (lower-case letters, digits, '-', '.'), got {_show(obj)}",
             )
         return text
 
-    def dns_label(self, obj: Any, path: str, pattern: re.Pattern[str] = _DNS1123_LABEL) -> str:
+    def dns_label(self, obj: Any, path: str, pattern: re.Pattern[str] = DNS1123_LABEL) -> str:
         text = self.string(obj, path)
         if not text:
             self.fail(path, "required")
@@ -260,147 +184,11 @@ def _safe(value: Any) -> str:
     return shown(value, 80)
 
 
-def _plain_service(obj: Any) -> ServiceObject | None:
-    """The common, valid Service (ClusterIP, NodePort or LoadBalancer without ingress, external
-    IPs or session affinity), checked without building field paths: the same checks as the
-    general path of parse_service, which takes over (and names the field) for anything else."""
-    if type(obj) is not dict:
-        return None
-    meta, spec, status = obj.get("metadata"), obj.get("spec"), obj.get("status")
-    if type(meta) is not dict or type(spec) is not dict:
-        return None
-    if status is not None:
-        if type(status) is not dict:
-            return None
-        lb = status.get("loadBalancer")
-        if lb is not None and (type(lb) is not dict or lb.get("ingress") not in _NOTHING):
-            return None
-    name, namespace = meta.get("name"), meta.get("namespace", "default")
-    if type(name) is not str or type(namespace) is not str:
-        return None
-    name, namespace = _shared_label(name), _shared_label(namespace)
-    if name is None or namespace is None:
-        return None
-    svc_type = _PLAIN_SERVICE_TYPES.get(_text(spec.get("type")))
-    etp = _POLICIES.get(_text(spec.get("externalTrafficPolicy")))
-    itp = _POLICIES.get(_text(spec.get("internalTrafficPolicy")))
-    hc_port = spec.get("healthCheckNodePort")
-    traffic_distribution = spec.get("trafficDistribution")
-    if hc_port is None:
-        hc_port = 0
-    if traffic_distribution is None:
-        traffic_distribution = ""
-    if (
-        svc_type is None
-        or etp is None
-        or itp is None
-        or _text(spec.get("sessionAffinity")) not in ("", "None")
-        or type(hc_port) is not int
-        or not 0 <= hc_port <= 65535
-        or type(traffic_distribution) is not str
-        or spec.get("externalIPs") not in _NOTHING
-        or spec.get("loadBalancerSourceRanges") not in _NOTHING
-    ):
-        return None
-    raw_ips = spec.get("clusterIPs")
-    if type(raw_ips) is not list or not 1 <= len(raw_ips) <= 2:
-        return None
-    cluster_ips: list[str] = []
-    for raw in raw_ips:
-        if type(raw) is not str or raw == "None" or raw == "":
-            return None  # (a headless Service: the general path)
-        try:
-            cluster_ips.append(normalize_ip(raw))
-        except ValueError:
-            return None
-    if len(cluster_ips) == 2 and (":" in cluster_ips[0]) == (":" in cluster_ips[1]):
-        return None
-    raw_ports = spec.get("ports")
-    if raw_ports is None:
-        raw_ports = []
-    elif type(raw_ports) is not list:
-        return None
-    with_node_port = svc_type != "ClusterIP"
-    ports: list[PortSpec] = []
-    seen_names: set[str] = set()
-    seen: set[tuple[Protocol, int]] = set()
-    for p in raw_ports:
-        if type(p) is not dict:
-            return None
-        pname, protocol = p.get("name"), p.get("protocol")
-        port, node_port = p.get("port"), p.get("nodePort")
-        if pname is None:
-            pname = ""
-        if node_port is None:
-            node_port = 0
-        proto = _plain_protocol(protocol)
-        if proto is None:
-            return None
-        if (
-            type(pname) is not str
-            or (pname and (len(pname) > 15 or not _PORT_NAME.match(pname)))
-            or (not pname and len(raw_ports) > 1)
-            or pname in seen_names
-            or type(port) is not int
-            or not 1 <= port <= 65535
-            or type(node_port) is not int
-            or not 0 <= node_port <= 65535
-            or (node_port and not with_node_port)
-            or (proto, port) in seen
-        ):
-            return None
-        if pname:
-            seen_names.add(pname)
-        seen.add((proto, port))
-        ports.append(_new_port_spec(pname, proto, port, node_port))
-    # (ServiceObject's fields, in order)
-    return _new_service(
-        namespace,
-        name,
-        svc_type,
-        tuple(cluster_ips),
-        False,
-        tuple(ports),
-        (),
-        (),
-        (),
-        False,
-        DEFAULT_AFFINITY_TIMEOUT,
-        etp,
-        itp,
-        hc_port,
-        traffic_distribution,
-    )
-
-
-_new_service: Callable[..., ServiceObject] = fast_init(ServiceObject)
-_new_port_spec: Callable[[str, Protocol, int, int], PortSpec] = fast_init(PortSpec)
-
-
-#: What an unset optional field may be in the fast paths: absent, null, or empty.
-_NOTHING: tuple[Any, ...] = (None, [])
-#: A field's text (see _text) -> the value it stands for, when the fast path takes it.
-_PLAIN_SERVICE_TYPES: dict[str | None, str] = {
-    "": "ClusterIP",
-    "ClusterIP": "ClusterIP",
-    "NodePort": "NodePort",
-    "LoadBalancer": "LoadBalancer",
-}
-_POLICIES: dict[str | None, str] = {"": "Cluster", "Cluster": "Cluster", "Local": "Local"}
-
-
-def _text(value: Any) -> str | None:
-    """A field that defaults when unset or empty: its text ("" for unset), None for no string."""
-    if value is None:
-        return ""
-    return value if type(value) is str else None
-
-
 def parse_service(obj: Mapping[str, Any]) -> ServiceObject:
     """Validate a v1 Service; raises InvalidObject naming ``Service ns/name`` and each field."""
-    plain = _plain_service(obj)
-    if plain is not None:
-        return plain
+    fast = service_fast_path(obj)
+    if fast is not None:
+        return fast
     f = _Fields()
     namespace, name, _ = _metadata(f, obj)
     spec = f.mapping(obj.get("spec"), "spec")
@@ -431,7 +219,7 @@ def parse_service(obj: Mapping[str, Any]) -> ServiceObject:
         path = f"spec.ports[{i}]"
         p = f.mapping(raw, path)
         pname = f.string(p.get("name"), f"{path}.name")
-        if pname and (len(pname) > 15 or not _PORT_NAME.match(pname)):
+        if pname and (len(pname) > 15 or not PORT_NAME.match(pname)):
             f.fail(f"{path}.name", f"must be an IANA service name, got {_show(pname)}")
         elif not pname and len(raw_ports) > 1:
             f.fail(f"{path}.name", "required when a Service has more than one port")
@@ -524,9 +312,9 @@ def parse_service(obj: Mapping[str, Any]) -> ServiceObject:
 
 def parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSliceObject:
     """Validate a discovery.k8s.io/v1 EndpointSlice."""
-    plain = _plain_slice(obj)
-    if plain is not None:
-        return plain
+    fast = endpoint_slice_fast_path(obj)
+    if fast is not None:
+        return fast
     f = _Fields()
     namespace, name, meta = _metadata(f, obj, subdomain=True)
     labels = f.mapping(meta.get("labels"), "metadata.labels")
@@ -546,13 +334,13 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSliceObject:
             # such a port and keeps the slice's others.
             continue
         pname = f.string(p.get("name"), f"{path}.name")
-        if pname and (len(pname) > 15 or not _PORT_NAME.match(pname)):
+        if pname and (len(pname) > 15 or not PORT_NAME.match(pname)):
             f.fail(f"{path}.name", f"must be an IANA service name, got {_show(pname)}")
         port = f.integer(p.get("port"), f"{path}.port", 1, 65535)
         ports.append(SlicePort(pname, f.protocol(p.get("protocol"), f"{path}.protocol"), port))
     endpoints: list[SliceEndpoint] = []
     for i, raw in enumerate(f.seq(obj.get("endpoints"), "endpoints")):
-        if address_type != "FQDN" and (quick := _plain_endpoint(raw, address_type)) is not None:
+        if address_type != "FQDN" and (quick := endpoint_fast_path(raw, address_type)) is not None:
             endpoints.append(quick)
             continue
         path = f"endpoints[{i}]"
@@ -573,7 +361,7 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSliceObject:
         serving = f.boolean(cond.get("serving"), f"{path}.conditions.serving", True)
         terminating = f.boolean(cond.get("terminating"), f"{path}.conditions.terminating", False)
         node_name = f.string(ep.get("nodeName"), f"{path}.nodeName")
-        if node_name and not _DNS1123_SUBDOMAIN.match(node_name):
+        if node_name and not DNS1123_SUBDOMAIN.match(node_name):
             f.fail(f"{path}.nodeName", f"must be a DNS subdomain, got {_show(node_name)}")
         zone = f.string(ep.get("zone"), f"{path}.zone")
         hints = f.mapping(ep.get("hints"), f"{path}.hints")
@@ -596,282 +384,11 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSliceObject:
     )
 
 
-TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
-
-
-def _plain_slice(obj: Any) -> EndpointSliceObject | None:
-    """The common, valid IPv4 or IPv6 slice, checked without building field paths: the same
-    checks as the general path of parse_endpoint_slice, which takes over (and names the
-    field) for anything else, FQDN slices included."""
-    if type(obj) is not dict:
-        return None
-    meta = obj.get("metadata")
-    if type(meta) is not dict:
-        return None
-    name, namespace = meta.get("name"), meta.get("namespace", "default")
-    labels, annotations = meta.get("labels"), meta.get("annotations")
-    if (
-        type(name) is not str
-        or type(namespace) is not str
-        or type(labels) is not dict
-        or not _subdomain(name)
-        or (namespace := _shared_label(namespace)) is None
-    ):
-        return None
-    if annotations is None:
-        annotations = {}
-    elif type(annotations) is not dict:
-        return None
-    service_name = labels.get(SERVICE_NAME_LABEL)
-    address_type = obj.get("addressType")
-    if type(service_name) is not str or (service_name := _shared_label(service_name)) is None:
-        return None
-    if address_type != "IPv4" and address_type != "IPv6":
-        return None
-    raw_ports, raw_endpoints = obj.get("ports"), obj.get("endpoints")
-    if raw_ports is None:
-        raw_ports = []
-    if raw_endpoints is None:
-        raw_endpoints = []
-    if type(raw_ports) is not list or type(raw_endpoints) is not list:
-        return None
-    ports: list[SlicePort] = []
-    for p in raw_ports:
-        if type(p) is not dict:
-            return None
-        port = p.get("port")
-        if port is None:
-            continue  # "all ports": ignored, as in the general path
-        pname, protocol = p.get("name"), p.get("protocol")
-        if pname is None:
-            pname = ""
-        if (
-            type(port) is not int
-            or not 1 <= port <= 65535
-            or type(pname) is not str
-            or (pname and (len(pname) > 15 or not _PORT_NAME.match(pname)))
-        ):
-            return None
-        proto = _plain_protocol(protocol)
-        if proto is None:
-            return None
-        ports.append(SlicePort(pname, proto, port))
-    endpoints: list[SliceEndpoint] = []
-    append = endpoints.append
-    v4 = address_type == "IPv4"
-    nodes, zones, make = _VALID_SUBDOMAINS, _ZONES, _new_slice_endpoint
-    for raw in raw_endpoints:
-        # The endpoint as an API server writes it (IPv4, the three conditions, a node name
-        # and zone seen before, no hints) is checked here; _plain_endpoint takes anything else.
-        endpoint = None
-        if v4 and type(raw) is dict and "hints" not in raw:
-            try:  # (a missing or unhashable field: KeyError, TypeError; no address: IndexError)
-                addresses, cond, node_name = raw["addresses"], raw["conditions"], raw["nodeName"]
-                ip = addresses[0]
-                ready, serving, terminating = cond["ready"], cond["serving"], cond["terminating"]
-                node = nodes[node_name]
-                zone = raw.get("zone")
-                zone = "" if zone is None else zones[zone]
-            except (KeyError, IndexError, TypeError):
-                pass
-            else:
-                if (
-                    type(addresses) is list
-                    and type(ip) is str
-                    and type(cond) is dict
-                    and type(node_name) is str
-                    and type(ready) is bool
-                    and type(serving) is bool
-                    and type(terminating) is bool
-                ):
-                    # What inet_pton accepts is what normalize_ip returns unchanged (no
-                    # space, no scope, canonical): anything else is left to normalize_ip.
-                    try:
-                        _pton(_AF_INET, ip)
-                    except (OSError, ValueError):
-                        pass
-                    else:
-                        endpoint = make(
-                            ip, ready, serving, terminating, node, zone, _NO_HINTS, _NO_HINTS
-                        )
-        if endpoint is None:
-            endpoint = _plain_endpoint(raw, address_type)
-            if endpoint is None:
-                return None
-        append(endpoint)
-    trigger = annotations.get(TRIGGER_TIME_ANNOTATION, "")
-    return EndpointSliceObject(
-        namespace=namespace,
-        name=name,
-        service_name=service_name,
-        address_type=address_type,
-        ports=tuple(ports),
-        endpoints=tuple(endpoints),
-        trigger_time=trigger if isinstance(trigger, str) else "",
-    )
-
-
-_PROTOCOLS = {p.value: p for p in Protocol}
-
-
-def _plain_protocol(value: Any) -> Protocol | None:
-    """A port's protocol in the fast paths: TCP when unset, None when it is no known one."""
-    if value is None or value == "":
-        return Protocol.TCP
-    return _PROTOCOLS.get(value) if type(value) is str else None
-
-
-#: Names already found valid (node, namespace and Service names repeat across a cluster's
-#: objects), each to the first copy seen, which every object then shares; zones (any string
-#: is one) likewise. Bounded, so hostile input cannot grow them without end.
-_VALID_SUBDOMAINS: dict[str, str] = {}
-_VALID_LABELS: dict[str, str] = {}
-_ZONES: dict[str, str] = {}
-_VALID_NAMES_LIMIT = 65536
-
-
-def _remembered(names: dict[str, str], text: str, longest: int, pattern: re.Pattern[str]) -> bool:
-    """Whether ``text`` is at most ``longest`` long and matches ``pattern``; a valid one is
-    remembered in ``names`` (emptied when full)."""
-    if text in names:
-        return True
-    if not text or len(text) > longest or not pattern.match(text):
-        return False
-    if len(names) >= _VALID_NAMES_LIMIT:
-        names.clear()
-    names[text] = text
-    return True
-
-
-def _subdomain(text: str) -> bool:
-    """dns_subdomain's check, remembered for a name seen before."""
-    return _remembered(_VALID_SUBDOMAINS, text, 253, _DNS1123_SUBDOMAIN)
-
-
-def _label(text: str) -> bool:
-    """dns_label's check (with its default pattern), remembered for a name seen before."""
-    return _remembered(_VALID_LABELS, text, 63, _DNS1123_LABEL)
-
-
-def _shared_label(text: str) -> str | None:
-    """The remembered copy of a valid DNS label (namespaces and Service names are shared by
-    the objects that name them); None if it is not one."""
-    found = _VALID_LABELS.get(text)
-    if found is not None:
-        return found
-    return text if _label(text) else None
-
-
-def _zone(text: str) -> str:
-    """The shared copy of a zone name."""
-    found = _ZONES.get(text)
-    if found is None:
-        if len(_ZONES) >= _VALID_NAMES_LIMIT:
-            _ZONES.clear()
-        found = _ZONES[text] = text
-    return found
-
-
-def _plain_endpoint(raw: Any, address_type: str) -> SliceEndpoint | None:
-    """The common, valid endpoint, checked without building field paths: the same checks as
-    the general path in parse_endpoint_slice, which takes over (and names the field) for
-    anything else. Worth it: a large cluster has a hundred thousand endpoints."""
-    if type(raw) is not dict:
-        return None
-    addresses = raw.get("addresses")
-    if type(addresses) is not list or not addresses or type(addresses[0]) is not str:
-        return None
-    try:
-        ip = normalize_ip(addresses[0])
-    except ValueError:
-        return None
-    if (":" in ip) != (address_type == "IPv6"):
-        return None
-    cond = raw.get("conditions")
-    if cond is None:
-        cond = {}
-    elif type(cond) is not dict:
-        return None
-    ready, serving, terminating = cond.get("ready"), cond.get("serving"), cond.get("terminating")
-    node_name, zone = raw.get("nodeName"), raw.get("zone")
-    if (
-        (ready is not None and type(ready) is not bool)
-        or (serving is not None and type(serving) is not bool)
-        or (terminating is not None and type(terminating) is not bool)
-        or (node_name is not None and type(node_name) is not str)
-        or (zone is not None and type(zone) is not str)
-        or (node_name and node_name not in _VALID_SUBDOMAINS and not _node_name_ok(node_name))
-    ):
-        return None
-    zone_hints: frozenset[str] | None = _NO_HINTS
-    node_hints: frozenset[str] | None = _NO_HINTS
-    hints = raw.get("hints")
-    if hints is not None:
-        if type(hints) is not dict:
-            return None
-        zone_hints = _plain_hints(hints.get("forZones"))
-        node_hints = _plain_hints(hints.get("forNodes"))
-    if zone_hints is None or node_hints is None:
-        return None
-    return _new_slice_endpoint(
-        ip,
-        True if ready is None else ready,
-        True if serving is None else serving,
-        bool(terminating),
-        _VALID_SUBDOMAINS.get(node_name, node_name) if node_name else "",
-        _zone(zone) if zone else "",
-        zone_hints,
-        node_hints,
-    )
-
-
-def _node_name_ok(text: str) -> bool:
-    """The general path's nodeName check (the pattern only, no length limit), remembered
-    when it also passes _subdomain's (which shares the set)."""
-    if not _DNS1123_SUBDOMAIN.match(text):
-        return False
-    if len(text) > 253:
-        return True
-    if len(_VALID_SUBDOMAINS) >= _VALID_NAMES_LIMIT:
-        _VALID_SUBDOMAINS.clear()
-    _VALID_SUBDOMAINS[text] = text
-    return True
-
-
-_NO_HINTS: frozenset[str] = frozenset()
-_AF_INET = socket.AF_INET
-_pton = socket.inet_pton
-#: SliceEndpoint(ip, ready, serving, terminating, node_name, zone, zone_hints, node_hints).
-_new_slice_endpoint: Callable[
-    [str, bool, bool, bool, str, str, frozenset[str], frozenset[str]], SliceEndpoint
-] = fast_init(SliceEndpoint)
-
-
-def _plain_hints(raw: Any) -> frozenset[str] | None:
-    """_hint_names for a valid list (None: let the general path report the problem)."""
-    if raw is None:
-        return _NO_HINTS
-    if type(raw) is not list:
-        return None
-    names: set[str] = set()
-    for item in raw:
-        if type(item) is not dict:
-            return None
-        value = item.get("name")
-        if value is None:
-            continue
-        if type(value) is not str or not _LABEL_VALUE.match(value):
-            return None
-        if value:
-            names.add(value)
-    return frozenset(names)
-
-
 def _hint_names(f: _Fields, raw: Any, path: str) -> frozenset[str]:
     names: set[str] = set()
     for i, item in enumerate(f.seq(raw, path)):
         value = f.string(f.mapping(item, f"{path}[{i}]").get("name"), f"{path}[{i}].name")
-        if value and not _LABEL_VALUE.match(value):
+        if value and not LABEL_VALUE.match(value):
             f.fail(f"{path}[{i}].name", f"must be a valid name, got {_show(value)}")
         elif value:
             names.add(value)
@@ -883,7 +400,7 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
     f = _Fields()
     meta = f.mapping(obj.get("metadata"), "metadata")
     name = f.string(meta.get("name"), "metadata.name")
-    if not name or not _DNS1123_SUBDOMAIN.match(name):
+    if not name or not DNS1123_SUBDOMAIN.match(name):
         f.fail("metadata.name", f"must be a DNS subdomain, got {_show(name)}")
     labels = f.mapping(meta.get("labels"), "metadata.labels")
     for key, value in labels.items():
@@ -915,14 +432,6 @@ def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
         addresses=tuple(addresses),
         deleting=meta.get("deletionTimestamp") is not None,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceCIDRObject:
-    """A validated networking.k8s.io/v1 ServiceCIDR: a range ClusterIPs are allocated from."""
-
-    name: str
-    cidrs: tuple[str, ...]
 
 
 def parse_service_cidr(obj: Mapping[str, Any]) -> ServiceCIDRObject:

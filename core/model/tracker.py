@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from kubeplex.core.model.graph import StaleEndpoint
-from kubeplex.core.model.objects import EndpointSliceObject, ServiceObject
 from kubeplex.core.model.types import (
     Endpoint,
     IPFamily,
@@ -24,6 +23,7 @@ from kubeplex.core.model.types import (
     new_service_port,
     new_service_port_name,
 )
+from kubeplex.core.model.validated_objects import EndpointSliceObject, ServiceObject
 
 PortMap = dict[ServicePortName, ServicePort]
 EndpointsMap = dict[ServicePortName, tuple[Endpoint, ...]]

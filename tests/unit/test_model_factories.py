@@ -7,8 +7,7 @@ import dataclasses
 
 import pytest
 
-from kubeplex.core.model import objects
-from kubeplex.core.model.objects import SliceEndpoint
+from kubeplex.core.model import objects_fast_paths
 from kubeplex.core.model.types import (
     Endpoint,
     IPFamily,
@@ -20,6 +19,7 @@ from kubeplex.core.model.types import (
     new_service_port,
     new_service_port_name,
 )
+from kubeplex.core.model.validated_objects import SliceEndpoint
 
 
 def test_new_endpoint_is_the_constructed_one() -> None:
@@ -33,7 +33,7 @@ def test_new_endpoint_is_the_constructed_one() -> None:
 
 def test_new_slice_endpoint_is_the_constructed_one() -> None:
     args = ("fd00::1", True, False, False, "node-a", "", frozenset(), frozenset({"node-a"}))
-    made = objects._new_slice_endpoint(*args)
+    made = objects_fast_paths._new_slice_endpoint(*args)
     assert made == SliceEndpoint(*args) and repr(made) == repr(SliceEndpoint(*args))
 
 

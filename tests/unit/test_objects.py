@@ -9,16 +9,18 @@ import pytest
 
 from kubeplex.core.model.errors import InvalidObject
 from kubeplex.core.model.objects import (
-    DEFAULT_AFFINITY_TIMEOUT,
-    PortSpec,
-    SliceEndpoint,
-    SlicePort,
     parse_endpoint_slice,
     parse_node,
     parse_service,
     parse_service_cidr,
 )
 from kubeplex.core.model.types import IPFamily, Protocol
+from kubeplex.core.model.validated_objects import (
+    DEFAULT_AFFINITY_TIMEOUT,
+    PortSpec,
+    SliceEndpoint,
+    SlicePort,
+)
 
 SERVICE_NAME = "kubernetes.io/service-name"
 
@@ -1009,7 +1011,7 @@ def test_the_endpoint_fast_path_decides_as_the_general_one(
 ) -> None:
     """Whatever an endpoint holds, a slice parses to the same object (or the same errors)
     with the fast path as with the general, field-by-field path alone."""
-    from kubeplex.core.model import objects
+    from kubeplex.core.model import objects, objects_fast_paths
 
     raw = copy.deepcopy(_ENDPOINT_VARIANTS[variant])
     addresses = raw.get("addresses") if isinstance(raw, dict) else None
@@ -1030,6 +1032,6 @@ def test_the_endpoint_fast_path_decides_as_the_general_one(
 
     fast = parse()
     if variant < 5:  # valid endpoints of the common shape: the fast path takes them
-        assert objects._plain_endpoint(raw, address_type) is not None
-    monkeypatch.setattr(objects, "_plain_endpoint", lambda raw, address_type: None)
+        assert objects_fast_paths.endpoint_fast_path(raw, address_type) is not None
+    monkeypatch.setattr(objects, "endpoint_fast_path", lambda raw, address_type: None)
     assert parse() == fast

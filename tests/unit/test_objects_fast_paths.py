@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubeplex.core.model import objects
+from kubeplex.core.model import objects, objects_fast_paths
 from kubeplex.core.model.errors import InvalidObject
 
 WEIRD: list[Any] = [
@@ -138,18 +138,20 @@ def outcome(parse: Callable[[Any], Any], obj: Any) -> Any:
 
 def general(obj: Any) -> Any:
     """parse_endpoint_slice with both fast paths off: every field checked by name."""
-    saved = objects._plain_slice, objects._plain_endpoint
-    objects._plain_slice = lambda _obj: None  # type: ignore[assignment]
-    objects._plain_endpoint = lambda _raw, _type: None  # type: ignore[assignment]
+    saved = objects.endpoint_slice_fast_path, objects.endpoint_fast_path
+    objects.endpoint_slice_fast_path = lambda _obj: None  # type: ignore[assignment]
+    objects.endpoint_fast_path = lambda _raw, _type: None  # type: ignore[assignment]
     try:
         return objects.parse_endpoint_slice(obj)
     finally:
-        objects._plain_slice, objects._plain_endpoint = saved
+        objects.endpoint_slice_fast_path, objects.endpoint_fast_path = saved
 
 
 def test_the_plain_slice_takes_the_fast_path() -> None:
-    assert objects._plain_slice(base()) is not None
-    assert objects._plain_slice(base()) == objects.parse_endpoint_slice(base())
+    assert objects_fast_paths.endpoint_slice_fast_path(base()) is not None
+    assert objects_fast_paths.endpoint_slice_fast_path(base()) == objects.parse_endpoint_slice(
+        base()
+    )
 
 
 @settings(max_examples=400, deadline=None)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_objects_fast_paths import WEIRD, general, outcome, put
 
-from kubeplex.core.model import objects
+from kubeplex.core.model import objects, objects_fast_paths
 from kubeplex.core.model.errors import InvalidObject
 
 SERVICE_WEIRD: list[Any] = [
@@ -122,17 +122,17 @@ def node_port_service() -> dict[str, Any]:
 
 def general_service(obj: Any) -> Any:
     """parse_service with its fast path off: every field checked by name."""
-    saved = objects._plain_service
-    objects._plain_service = lambda _obj: None  # type: ignore[assignment]
+    saved = objects.service_fast_path
+    objects.service_fast_path = lambda _obj: None  # type: ignore[assignment]
     try:
         return objects.parse_service(obj)
     finally:
-        objects._plain_service = saved
+        objects.service_fast_path = saved
 
 
 @pytest.mark.parametrize("make", [plain_service, node_port_service])
 def test_the_plain_service_takes_the_fast_path(make: Any) -> None:
-    fast = objects._plain_service(make())
+    fast = objects_fast_paths.service_fast_path(make())
     assert fast is not None
     assert fast == general_service(make())
 

@@ -13,12 +13,7 @@ import pytest
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.errors import InvalidObject
 from kubeplex.core.model.graph import StaleEndpoint
-from kubeplex.core.model.objects import (
-    EndpointSliceObject,
-    ServiceObject,
-    parse_endpoint_slice,
-    parse_service,
-)
+from kubeplex.core.model.objects import parse_endpoint_slice, parse_service
 from kubeplex.core.model.tracker import (
     EndpointsChangeTracker,
     ServiceChangeTracker,
@@ -26,6 +21,7 @@ from kubeplex.core.model.tracker import (
     service_ports,
 )
 from kubeplex.core.model.types import Endpoint, IPFamily, Protocol, ServicePortName
+from kubeplex.core.model.validated_objects import EndpointSliceObject, ServiceObject
 
 V4, V6 = IPFamily.IPv4, IPFamily.IPv6
 NODE = "node-a"
