@@ -28,7 +28,7 @@ install -m 0755 /tmp/image/iptables-wrapper /usr/sbin/iptables-wrapper
 /usr/sbin/iptables-wrapper install
 kubeplex version >/dev/null
 # The methods of kubeplex's dataclasses compiled once, here: a pod's first start compiles none.
-python3 -c 'from kubeplex.core.cli import codecache; codecache.warm()'
+python3 -m kubeplex.core.cli.warm_cache
 
 rm -rf /tmp/wheels /tmp/pip /tmp/image /root/.cache \
     /var/lib/apt/lists/* /var/cache/apt/* /var/cache/debconf/*-old \

@@ -1,11 +1,9 @@
 """The ``kubeplex`` and ``kube-proxy`` commands.
 
-Before any of their modules defines a class: ``@dataclass`` compiles through the code kept
-from the last start (:mod:`kubeplex.core.cli.codecache`); before anything imports them, some
-outside modules' patterns are compiled at first use (:mod:`kubeplex.core.cli.lazypatterns`).
+Before any of their modules defines a class, ``@dataclass`` compiles through the methods kept
+when the image was built (:mod:`kubeplex.core.startup.codecache`).
 """
 
-from kubeplex.core.cli import codecache, lazypatterns
+from kubeplex.core.startup import codecache
 
 codecache.install()
-lazypatterns.install()

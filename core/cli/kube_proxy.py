@@ -13,10 +13,11 @@ from pathlib import Path
 
 import yaml
 
+from kubeplex.core.cli import kube_proxy_flags as flags
+
 # As in ``run``: only what the daemon's first request to the API server needs is imported
 # here; cleanup and --init-only import their parts when asked.
-from kubeplex.core.cli import codecache, logs
-from kubeplex.core.cli import kube_proxy_flags as flags
+from kubeplex.core.cli import logs
 from kubeplex.core.cli.config_watch import ConfigWatch
 from kubeplex.core.cli.kube_proxy_config import build
 from kubeplex.core.cli.options import EXIT_BACKEND, EXIT_OK, EXIT_USAGE, reporting_errors
@@ -25,6 +26,7 @@ from kubeplex.core.cli.run import serve
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
 from kubeplex.core.dataplane.entrypoints import KnownModes
 from kubeplex.core.model.errors import KubeplexError, escaped
+from kubeplex.core.startup import codecache
 from kubeplex.core.version import __version__
 
 log = logging.getLogger("kubeplex")

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import cast
 
-from kubeplex.core.cli import codecache, logs
+from kubeplex.core.cli import logs
 from kubeplex.core.cli.options import (
     EXIT_BACKEND,
     EXIT_CONFIG,
@@ -20,6 +20,7 @@ from kubeplex.core.cli.options import (
     reporting_errors,
 )
 from kubeplex.core.dataplane.trustfile import use_trust_file
+from kubeplex.core.startup import codecache
 from kubeplex.core.startup.collector import collector_paused
 
 __all__ = [

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 # Only what reading the configuration and starting the API source need is imported here:
 # the daemon's first request to the API server waits for these imports, while the rest
 # (the daemon's parts, the backend) is imported in serve() as the lists are on their way.
-from kubeplex.core.cli import codecache, logs
+from kubeplex.core.cli import logs
 from kubeplex.core.cli.config_watch import EXIT_CONFIG_CHANGED, ConfigWatch
 from kubeplex.core.cli.options import (
     EXIT_CONFIG,
@@ -28,6 +28,7 @@ from kubeplex.core.cli.options import (
 )
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
 from kubeplex.core.model.errors import KubeplexError
+from kubeplex.core.startup import codecache
 from kubeplex.core.startup.collector import collector_paused, freeze_once
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ def _lists_complete(api: KubeApiSource | None, once: bool, stop: threading.Event
 
 class _FirstSync:
     """After each sync: the first ends the start, so it is told at verbosity 0 (as upstream
-    tells its start), and what it compiled is kept for the next start."""
+    tells its start), and the dataclass methods kept at build are no longer looked up."""
 
     def __init__(self) -> None:
         self.done = False

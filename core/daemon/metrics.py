@@ -20,6 +20,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.metrics import Counter, Gauge, Histogram, MetricWrapperBase
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector, CollectorRegistry
+
 from kubeplex.core.daemon.httpserving import App, HTTPServing, Response
 from kubeplex.core.dataplane.backend import (
     Backend,
@@ -31,24 +42,6 @@ from kubeplex.core.dataplane.backend import (
 )
 from kubeplex.core.model.graph import ProxyState, ServiceGraph
 from kubeplex.core.model.types import IPFamily
-from kubeplex.core.packages import register_bare
-
-# prometheus_client/__init__ imports its exposition, push gateway, WSGI and ASGI servers too
-# (3-4 ms at each start): kubeplex serves /metrics itself, with generate_latest imported at the
-# first scrape.
-register_bare("prometheus_client")
-
-import prometheus_client.values  # noqa: E402, F401  (before metrics, which imports it "from .")
-from prometheus_client.gc_collector import GCCollector  # noqa: E402
-from prometheus_client.metrics import Counter, Gauge, Histogram, MetricWrapperBase  # noqa: E402
-from prometheus_client.metrics_core import (  # noqa: E402
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    Metric,
-)
-from prometheus_client.platform_collector import PlatformCollector  # noqa: E402
-from prometheus_client.process_collector import ProcessCollector  # noqa: E402
-from prometheus_client.registry import Collector, CollectorRegistry  # noqa: E402
 
 #: The text format /metrics answers in (prometheus_client's ``CONTENT_TYPE_PLAIN_0_0_4``).
 TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"

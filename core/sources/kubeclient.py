@@ -4,14 +4,14 @@ kubeconfig of ``clientConnection.kubeconfig``, else the pod's service account), 
 urllib3 connection pool, client-go's retries, TCP keepalive).
 
 What is not used is not imported. The package ``__init__``\\ s are skipped (see
-:func:`kubeplex.core.packages.register_bare`), and so is the generated ``ApiClient``.
+:func:`kubeplex.core.startup.packages.register_bare`), and so is the generated ``ApiClient``.
 kubeplex's requests answer with raw responses and are never deserialized into models, so the
 ``ApiClient`` would only add its imports: pydantic, dateutil's parser and a thread pool,
 0.06-0.1 s at each start.
 :class:`ApiConnection` keeps the two parts of it that kubeplex uses, the ``Configuration`` and a
 REST client, and :func:`api_request` prepares a request as its ``param_serialize`` does. The
 kubeconfig loader's module is imported with what only its OIDC refresh calls deferred (see
-:mod:`kubeplex.core.sources.deferred`).
+:mod:`kubeplex.core.startup.deferred`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from urllib.parse import quote
 
 from kubeplex.core.config.kubeproxy import ClientConnectionConfiguration
 from kubeplex.core.model.errors import KubeplexError
-from kubeplex.core.packages import register_bare
 from kubeplex.core.sources.api_address import master_url
-from kubeplex.core.sources.deferred import import_deferring
+from kubeplex.core.startup.deferred import import_deferring
+from kubeplex.core.startup.packages import register_bare
 
 # ``kubernetes/__init__`` imports every part of the client (the dynamic client and its schema
 # validation, streams, leader election, informers) and ``kubernetes/config/__init__`` both

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from apiserver import TLS_CERT, TLS_KEY, FakeApiServer
 
-from kubeplex.core.sources.deferred import Deferred, deferring
+from kubeplex.core.startup.deferred import Deferred, deferring
 
 HEAVY = (
     "pydantic",
@@ -194,7 +194,8 @@ def test_a_loader_imported_already_is_used_without_stand_ins(
 ) -> None:
     from kubernetes.config import kube_config
 
-    from kubeplex.core.sources import deferred, kubeclient
+    from kubeplex.core.sources import kubeclient
+    from kubeplex.core.startup import deferred
 
     def refuse(names: object) -> None:
         raise AssertionError("stand-ins put in place for a module imported already")

@@ -128,13 +128,13 @@ def test_version_and_kube_proxy_version(image: Path, netns: str) -> None:
 
 @pytest.mark.kernel
 def test_a_start_from_the_image_compiles_no_dataclass_method(image: Path, netns: str) -> None:
-    """Compiled at build (codecache.warm): a pod's first start finds them kept."""
+    """Compiled at build (warm_cache): a pod's first start finds them kept."""
     (kept,) = image.glob(
         "usr/local/lib/python3*/dist-packages/kubeplex/core/__pycache__/dataclass-methods.*.marshal"
     )
     script = (
         "import kubeplex.core.cli.main, kubeplex.core.cli.run, kubeplex.core.daemon.operations\n"
-        "from kubeplex.core.cli import codecache\n"
+        "from kubeplex.core.startup import codecache\n"
         "from kubeplex.core.dataplane.plugins import load_backend_class\n"
         "for mode in ('iptables', 'nftables', 'ipvs'):\n"
         "    load_backend_class(mode)\n"

@@ -1,5 +1,6 @@
 """The compiled dataclass methods kept between starts: the same code as compiled without it,
-read back from its file, and a missing, foreign or unwritable file costs only the speed."""
+read back from the file the image's build writes, never written by a start, and a missing,
+foreign or unwritable file costs only the speed."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from kubeplex.core.cli import codecache
-from kubeplex.core.cli.codecache import HEADER, CodeCache
+from kubeplex.core.startup import SWITCH, codecache
+from kubeplex.core.startup.codecache import HEADER, CodeCache
 
 METHODS = ("__init__", "__repr__", "__eq__", "__hash__", "__setattr__", "__delattr__", "__lt__")
 
@@ -51,12 +52,6 @@ def define() -> list[type]:
 
 class Forward:
     pass
-
-
-@pytest.fixture(autouse=True)
-def writing_bytecode(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As an installed interpreter does (PYTHONDONTWRITEBYTECODE may be set around tests)."""
-    monkeypatch.setattr(sys, "dont_write_bytecode", False)
 
 
 def hooked(cache: CodeCache, monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[type]]:
@@ -155,22 +150,15 @@ def test_a_file_of_another_kind_is_ignored_and_replaced(
     assert cache.save() and CodeCache(str(path)).loaded.keys() == cache.used.keys()
 
 
-def test_nothing_is_written_where_bytecode_is_not(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_file_that_cannot_be_written_is_an_error(tmp_path: Path) -> None:
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     unwritable = CodeCache(str(blocked / "cache"))  # its folder cannot be made
     unwritable.exec("x = 1", {})
-    assert not unwritable.save()
+    with pytest.raises(OSError):
+        unwritable.save()
     assert blocked.read_text() == ""
-
-    monkeypatch.setattr(sys, "dont_write_bytecode", True)
-    cache = CodeCache(str(tmp_path / "cache"))
-    cache.exec("x = 1", {})
-    assert not cache.save() and not (tmp_path / "cache").exists()
     assert not CodeCache(None).save()
-    assert cache.save(explicit=True)  # asked for, as compileall is
 
 
 def test_exec_runs_what_it_is_given_as_the_builtin_does() -> None:
@@ -186,44 +174,58 @@ def test_exec_runs_what_it_is_given_as_the_builtin_does() -> None:
     assert cache.compiled == 2  # the code object is not compiled, bytes are not kept
 
 
-def test_the_command_line_keeps_the_cache_beside_its_bytecode(tmp_path: Path) -> None:
-    """Two starts with their bytecode under a prefix: the first writes the cache there when
-    done, the second compiles no dataclass method."""
-    script = (
-        "import dataclasses\n"
-        "import kubeplex.core.cli.main\n"
-        "from kubeplex.core.cli import codecache\n"
-        "cache = codecache._active\n"
-        "assert dataclasses.exec == cache.exec\n"
-        "print(cache.compiled, len(cache.loaded), codecache.done())\n"
-        "assert 'exec' not in vars(dataclasses) and not codecache.done()\n"
+#: A command's start, then its end: what it compiled and loaded, and whether it still hooks.
+START = (
+    "import dataclasses\n"
+    "import kubeplex.core.cli.main\n"
+    "from kubeplex.core.startup import codecache\n"
+    "cache = codecache._active\n"
+    "hooked = cache is not None and dataclasses.exec == cache.exec\n"
+    "print(cache.compiled if cache else '-', len(cache.loaded) if cache else '-', hooked)\n"
+    "assert codecache.done() is cache and 'exec' not in vars(dataclasses)\n"
+)
+
+
+def start(env: dict[str, str]) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", START], env=env, capture_output=True, text=True, check=True
     )
+    return out.stdout.split()
+
+
+def test_a_start_reads_what_the_build_step_wrote_and_writes_nothing(tmp_path: Path) -> None:
+    """Starts with their bytecode under a prefix, where no build step wrote the cache: they
+    compile and write nothing; after the build step, a start compiles no dataclass method."""
     env = dict(os.environ, PYTHONPYCACHEPREFIX=str(tmp_path))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-
-    def start() -> list[str]:
-        out = subprocess.run(
-            [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
-        )
-        return out.stdout.split()
-
-    compiled, loaded, written = start()
-    assert int(compiled) > 0 and loaded == "0" and written == "True"
+    for _ in range(2):
+        compiled, loaded, hooked = start(env)
+        assert int(compiled) > 0 and loaded == "0" and hooked == "True"
+        assert not list(tmp_path.rglob("dataclass-methods.*"))
+    warm = [sys.executable, "-m", "kubeplex.core.cli.warm_cache"]
+    subprocess.run(warm, env=env, check=True, capture_output=True)
     (path,) = tmp_path.rglob("dataclass-methods.*.marshal")
     assert path.parent.name == "core"  # under the prefix, as the modules' bytecode
-    compiled, loaded, written = start()
-    assert compiled == "0" and int(loaded) > 0 and written == "False"
+    compiled, loaded, hooked = start(env)
+    assert compiled == "0" and int(loaded) > 0
+
+
+def test_with_the_tricks_off_dataclasses_compile_as_they_do(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=str(tmp_path), **{SWITCH: "0"})
+    assert start(env) == ["-", "-", "False"]
+    warm = [sys.executable, "-m", "kubeplex.core.cli.warm_cache"]
+    assert subprocess.run(warm, env=env, capture_output=True).returncode != 0
 
 
 def test_warm_keeps_what_every_start_of_every_mode_compiles(tmp_path: Path) -> None:
     """An image's build: then a daemon's imports in any mode compile nothing."""
     # (as an image's build may: warm() writes all the same)
     env = dict(os.environ, PYTHONPYCACHEPREFIX=str(tmp_path), PYTHONDONTWRITEBYTECODE="1")
-    warm = "from kubeplex.core.cli import codecache; print(codecache.warm())"
+    warm = "from kubeplex.core.cli.warm_cache import warm; print(warm())"
     start = (
         "import kubeplex.core.cli.main, kubeplex.core.cli.run, kubeplex.core.sources.kubeapi\n"
         "import kubeplex.core.daemon.operations\n"
-        "from kubeplex.core.cli import codecache\n"
+        "from kubeplex.core.startup import codecache\n"
         "from kubeplex.core.daemon.modes import platform_modes\n"
         "from kubeplex.core.dataplane.plugins import load_backend_class\n"
         "modes = platform_modes()\n"

@@ -18,6 +18,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from kubeplex.core.startup import enabled
+
 __all__ = ["Deferred", "deferring", "import_deferring"]
 
 
@@ -72,9 +74,12 @@ def deferring(names: Mapping[str, str]) -> Iterator[None]:
 
 def import_deferring(module: str, names: Mapping[str, str]) -> types.ModuleType:
     """``module``, imported within :func:`deferring` ``names`` unless it is imported already
-    (then as it is: stand-ins put in place now would only be seen by others)."""
+    (then as it is: stand-ins put in place now would only be seen by others) or the start-up
+    tricks are off."""
     found = sys.modules.get(module)
     if found is not None:
         return found
+    if not enabled():
+        return importlib.import_module(module)
     with deferring(names):
         return importlib.import_module(module)

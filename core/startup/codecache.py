@@ -1,21 +1,21 @@
-"""The methods ``@dataclass`` writes for each class, compiled once and kept for the next start.
+"""The methods ``@dataclass`` writes for each class, compiled when the image is built and read
+at each start.
 
 The decorator writes the source of each class's ``__init__``, ``__repr__``, ``__eq__``,
-``__hash__`` (and, frozen, ``__setattr__`` and ``__delattr__``) and compiles it at import:
-about 0.5 ms a class, 38 ms for the ~70 classes a daemon defines before its first sync. What a
-source compiles to does not change from one start to the next, so the code is kept as the
-interpreter keeps a module's bytecode: in ``__pycache__`` beside kubeplex's modules, keyed by
-the source itself, for one interpreter's bytecode (``importlib.util.MAGIC_NUMBER``). Loading it
-takes about 1 ms. The file is trusted as the bytecode beside it is: who can write one can write
-the other.
+``__hash__`` (and, frozen, ``__setattr__`` and ``__delattr__``) and compiles it at import, for
+each of the classes a daemon defines before its first sync. What a source compiles to does not
+change from one start to the next, so the code is kept as the interpreter keeps a module's
+bytecode: in ``__pycache__`` beside kubeplex's modules, keyed by the source itself, for one
+interpreter's bytecode (``importlib.util.MAGIC_NUMBER``). The file is trusted as the bytecode
+beside it is: who can write one can write the other.
 
 The hook is the name ``exec`` in the ``dataclasses`` module, through which it compiles what it
 writes: nothing else there is touched, the code is the same as compiled there, and a Python
-that compiles some other way just does not call it. A command stops caching (:func:`done`)
-once it has started (a daemon after its first sync): the file is written then, if anything was
-compiled, and the hook removed. :func:`warm` keeps the methods of every class of the core and
-of the trusted backends (for an image, ``python -c "from kubeplex.core.cli import codecache;
-codecache.warm()"``: its pods' first starts then compile none).
+that compiles some other way just does not call it. A command stops using it (:func:`done`)
+once it has started (a daemon after its first sync). A running kubeplex only reads the file:
+it is written by the image's build step (:func:`kubeplex.core.cli.warm_cache.warm`), which
+keeps the methods of every class of the core and of the trusted backends. Without the file, a
+start compiles them as plain Python does.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ import sys
 from types import CodeType
 from typing import Any
 
-__all__ = ["CodeCache", "default_path", "done", "install", "warm"]
+from kubeplex.core.startup import enabled
+
+__all__ = ["CodeCache", "default_path", "done", "install"]
 
 #: What the file starts with: its kind, then the bytecode's version.
 HEADER = b"kubeplex dataclass methods\n" + importlib.util.MAGIC_NUMBER
@@ -100,12 +102,11 @@ class CodeCache:
             source = compile(source, "<string>", "exec", dont_inherit=True)
         exec(source, globals, locals)
 
-    def save(self, explicit: bool = False) -> bool:
+    def save(self) -> bool:
         """Writes what was used, with what was loaded if not too much, if anything was
-        compiled: atomically, as the interpreter writes bytecode (and, unless ``explicit``, as
-        it does not with ``PYTHONDONTWRITEBYTECODE``: as ``compileall`` does). True if
-        written."""
-        if not self.compiled or self.path is None or (sys.dont_write_bytecode and not explicit):
+        compiled: atomically, as the interpreter writes bytecode. True if written; raises
+        ``OSError`` if it cannot be."""
+        if not self.compiled or self.path is None:
             return False
         keep = {**self.loaded, **self.used}
         if len(keep) > MAX_ENTRIES:
@@ -116,56 +117,31 @@ class CodeCache:
             with open(tmp, "wb") as f:
                 f.write(HEADER + marshal.dumps(keep))
             os.replace(tmp, self.path)
-        except OSError:  # a read-only installation: the next start compiles again
+        except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            return False
+            raise
         return True
 
 
 _active: CodeCache | None = None
 
 
-def install(path: str | None = None) -> CodeCache:
+def install(path: str | None = None) -> CodeCache | None:
     """Makes ``dataclasses`` compile through a cache read from ``path`` (default:
-    :func:`default_path`), until :func:`done`."""
+    :func:`default_path`), until :func:`done`; None with the start-up tricks off."""
     global _active
-    if _active is None:
+    if _active is None and enabled():
         _active = CodeCache(default_path() if path is None else path)
         dataclasses.exec = _active.exec  # type: ignore[attr-defined]
     return _active
 
 
-def done(explicit: bool = False) -> bool:
-    """Stops caching: the cache is saved if anything new was compiled (see
-    :meth:`CodeCache.save`) and the hook removed. True if the file was written."""
+def done() -> CodeCache | None:
+    """Stops using the cache (it is not written: see :func:`CodeCache.save`); the cache that
+    was in use, if any."""
     global _active
     cache, _active = _active, None
-    if cache is None:
-        return False
-    if dataclasses.__dict__.get("exec") == cache.exec:
+    if cache is not None and dataclasses.__dict__.get("exec") == cache.exec:
         del dataclasses.exec  # type: ignore[attr-defined]
-    return cache.save(explicit)
-
-
-def warm() -> int:
-    """Imports every module of the core and each backend the trust list allows on this
-    platform, and keeps what their classes compiled (even with ``PYTHONDONTWRITEBYTECODE``:
-    asked for, as ``compileall`` is): the number of sources kept. Raises ``OSError`` if they
-    cannot be written."""
-    import pkgutil
-
-    import kubeplex.core
-    from kubeplex.core.daemon.modes import platform_modes
-    from kubeplex.core.dataplane.plugins import load_backend_class
-
-    cache = install()
-    for module in pkgutil.walk_packages(kubeplex.core.__path__, "kubeplex.core."):
-        if not module.name.endswith(".__main__"):
-            importlib.import_module(module.name)
-    for mode in platform_modes():
-        load_backend_class(mode)
-    kept = len(cache.used)
-    if not done(explicit=True) and cache.compiled:
-        raise OSError(f"cannot write {cache.path}")
-    return kept
+    return cache
