@@ -224,15 +224,18 @@ class IpvsBackend(FamilyBackend[DesiredRenderer, IpvsBackendRendered]):
         add = Op("add-service", v4, service=VirtualServer(PROBE, self.scheduler))
         remove = Op("del-service", v4, key=PROBE)
         try:
+            # One request at a time: the kernel runs every request of a window, so a remove
+            # sent with a refused add would run all the same.
             try:
-                self.kernel.send(v4, [add, remove])
+                self.kernel.send(v4, [add])
             except BackendError as first:
-                # A probe left by a start stopped between the two: remove it, try once more.
+                # A probe left by a start stopped between the two: remove it, add it again.
                 try:
                     self.kernel.send(v4, [remove])
+                    self.kernel.send(v4, [add])
                 except BackendError:
                     raise first from None
-                self.kernel.send(v4, [add, remove])
+            self.kernel.send(v4, [remove])
         except BackendError as err:
             said = str(err)
             lacks = [m for m in self.kernel.missing(self.scheduler) if m not in said]

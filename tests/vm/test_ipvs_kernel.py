@@ -113,6 +113,14 @@ def test_an_applied_plan_reads_back_as_the_desired_state(netns: str) -> None:
         ["ip", "-n", netns, "-o", "link", "show", "kube-ipvs0"], capture_output=True, text=True
     ).stdout
     assert "state DOWN" in link or ",UP" not in link
+    # Without a transmit queue, as upstream creates it (the kernel's default is 1000).
+    txqlen = subprocess.run(
+        ["ip", "netns", "exec", netns, "cat", "/sys/class/net/kube-ipvs0/tx_queue_len"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert txqlen.strip() == "0"
     # Masquerading forward (the dump reads the raw method: another one reads as weight -1,
     # so the equality above says it), and as ipvsadm reads it where it is installed.
     if shutil.which("ipvsadm"):
