@@ -105,7 +105,7 @@ def timed(argv: list[str], input: str | None = None) -> float:
 def installed_env() -> dict[str, str]:
     """The environment to run the CLI as an installed kubeplex runs: with its bytecode compiled
     (pip compiles it at install time; a source checkout run with PYTHONDONTWRITEBYTECODE set
-    would compile every module at each start, about 30 ms)."""
+    would compile every module at each start)."""
     root = Path(__file__).resolve().parent.parent
     dirs = [str(root / d) for d in ("core", "backends", "testing")]
     subprocess.run([sys.executable, "-m", "compileall", "-q", *dirs], check=True)

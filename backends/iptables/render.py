@@ -126,10 +126,10 @@ class FamilyPlan:
         """The restore inputs that apply this plan, in order.
 
         One input (atomic) when the plan is small. iptables-nft-restore slows down with the
-        square of one input's size (measured: 32k rules 4.2 s in one input, 0.8 s in eight),
-        so a large plan is written as whole services' chains in batches first — unreferenced
-        until the last input, or replacing a service's chains all at once — and then the fixed
-        chains, jumps and deletions that make them live.
+        square of one input's size (docs/benchmarks.md), so a large plan is written as whole
+        services' chains in batches first — unreferenced until the last input, or replacing a
+        service's chains all at once — and then the fixed chains, jumps and deletions that make
+        them live.
         """
         limit = BATCH_RULES if limit is None else limit
         if self.rule_count <= limit:

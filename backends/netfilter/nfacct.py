@@ -1,8 +1,8 @@
 """nfacct counters over netlink (nfnetlink_acct), as upstream's nfacct package reads them.
 
 The ``nfacct`` tool costs a process per counter and question: at an iptables-mode start in a
-fresh namespace six of them (look, add, look again, for each of two counters), 60-120 ms before
-the first sync, and two at each scrape of /metrics. Here each is one request on a socket kept
+fresh namespace six of them (look, add, look again, for each of two counters), all before the
+first sync, and two at each scrape of /metrics. Here each is one request on a socket kept
 open: ``NFNL_MSG_ACCT_NEW`` (creating; ``EBUSY`` when the counter exists, which is no error) and
 ``NFNL_MSG_ACCT_GET`` (its packets, or ``ENOENT``).
 """

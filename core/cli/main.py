@@ -83,7 +83,7 @@ def _command_in(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # The command's module is imported with the collector off: a start's imports make tens of
-    # thousands of objects that all live on, and the passes over them cost 35-40 ms.
+    # thousands of objects that all live on, and passes over them would find nothing to free.
     with collector_paused():
         args = parser(_command_in(argv)).parse_args(argv)
     # Before the configuration is read; a command that reads one configures it again.

@@ -27,7 +27,7 @@ def state_from_manifests(
     cfg: KubeProxyConfiguration, path: Path
 ) -> tuple[ClusterState, ManifestSource]:
     """A cluster state holding the objects of a manifests folder or file, loaded once."""
-    # Imported here: a daemon reading the API never needs it (3 ms at start).
+    # Imported here: a daemon reading the API never needs it, so its start does not pay for it.
     from kubeplex.core.sources.manifests import ManifestSource
 
     cluster = ClusterState(node_name(cfg))

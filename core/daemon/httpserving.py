@@ -224,7 +224,7 @@ def _listen(host: str, port: int, netns: str | None) -> socket.socket:
             if not os.path.exists(path):
                 raise FileNotFoundError(f"no network namespace {netns!r}")
             # Made by a thread inside the namespace, the socket lives in it for good (without
-            # pyroute2's netns module, whose import costs 0.13-0.16 s of every lab proxy's start).
+            # pyroute2's netns module, whose import would be paid at every lab proxy's start).
             sock = run_in_netns(netns, lambda: socket.socket(family, socket.SOCK_STREAM))
         else:
             sock = socket.socket(family, socket.SOCK_STREAM)

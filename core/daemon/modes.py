@@ -128,8 +128,8 @@ def remove_other_modes(
 class ActiveLeftovers(Collection[str]):
     """The active mode's ``leftovers()``, read at the first question about them: a mode
     that finds nothing of its own to remove never asks, and listing what the active mode
-    just programmed is the dearest read of a switch's cleanup (nftables: 85 ms at 1,000
-    Services), paid on every start."""
+    just programmed is the dearest read of a switch's cleanup (it grows with the Services),
+    paid on every start."""
 
     def __init__(self, active: Backend) -> None:
         self._active = active

@@ -26,8 +26,8 @@ def installed(mode: str | None = None) -> list[EntryPoint]:
 
 
 def _entry_points() -> list[EntryPoint]:
-    # Imported when first asked: importlib.metadata (with the email package) costs 20-25 ms at
-    # each start, before a daemon's first request to the API server.
+    # Imported when first asked: importlib.metadata (with the email package) would otherwise
+    # be paid at each start, before a daemon's first request to the API server.
     from importlib.metadata import entry_points
 
     return list(entry_points(group=GROUP))

@@ -32,7 +32,7 @@ def run_in_netns(netns: str, fn: Callable[[], T]) -> T:
 
     def target() -> None:
         try:
-            import ctypes  # (only for a namespace: 1.5 ms at a node's start otherwise)
+            import ctypes  # (only for a namespace: a node's start does without it)
 
             want = os.stat(path)
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

@@ -68,8 +68,8 @@ _REFERENCE_FIELDS = ("name", "namespace", "uid", "resourceVersion")
 
 def _reference(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     """The part of a raw object a report about it reads (kind, apiVersion and the metadata
-    naming it): kept for every Service, where the whole object would be about 4 KB (43 MB at
-    10,000 Services)."""
+    naming it): kept for every Service, where keeping whole objects would cost memory in
+    proportion to the cluster."""
     meta = obj.get("metadata")
     named = (
         {k: meta[k] for k in _REFERENCE_FIELDS if k in meta} if isinstance(meta, Mapping) else {}

@@ -20,11 +20,11 @@ What the host needs (Debian or Ubuntu, x86_64, as root)::
 and apt's package lists (``apt-get update``): the guest kernel is the package that
 ``linux-image-amd64`` (Debian) or ``linux-image-generic`` (Ubuntu) depends on, fetched once
 with ``apt-get download`` and unpacked into ``$KUBEPLEX_VM_CACHE`` (default
-``~/.cache/kubeplex/vm``, about 400 MB); nothing is installed, /boot and /lib/modules are left
+``~/.cache/kubeplex/vm``); nothing is installed, /boot and /lib/modules are left
 alone. A cached kernel is used when apt cannot name the current one.
 
-Cost: about 10 s from launch to the command; CPU-bound Python runs about 20x slower than on the
-host, so boot once and run a whole test folder in that one boot.
+Cost: a boot before the command, and CPU-bound Python runs many times slower than on the host
+(docs/benchmarks.md), so boot once and run a whole test folder in that one boot.
 """
 
 from __future__ import annotations

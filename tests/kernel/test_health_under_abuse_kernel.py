@@ -4,7 +4,7 @@ kubelet-like probes (a new connection, GET /healthz, a 1 s timeout) must all be 
 a Service added meanwhile must be programmed.
 
 The daemon starts with the usual soft descriptor limit (1,024), where a server holding a
-thread and a descriptor per connection ran out of descriptors at about 1,100 connections. The
+thread and a descriptor per connection ran out of descriptors just past that limit. The
 clients are a process of their own (tests/flood_kit.py), so that their work does not slow
 down the probes.
 """

@@ -1,8 +1,8 @@
 """The conformance kit's packet-flow cases for the ipvs mode, on the VM's real IPVS kernel.
 
 The same cases the host runs for every other mode (tests/kernel/test_conformance.py, where
-ipvs skips: the host has no IPVS); here only the issue's small set, since Python runs about
-twenty times slower in the guest. One lab for all of them.
+ipvs skips: the host has no IPVS); here only the issue's small set, since Python runs many
+times slower in the guest. One lab for all of them.
 """
 
 from __future__ import annotations

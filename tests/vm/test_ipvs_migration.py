@@ -125,7 +125,7 @@ def foreign(netns: str) -> dict[str, Any]:
     }
 
 
-#: The guest runs Python about twenty times slower on one vCPU: the kit's traffic, scaled
+#: The guest runs Python many times slower on one vCPU: the kit's traffic, scaled
 #: down from a new connection every 20 ms to one every 100 ms per target, one long-lived TCP
 #: connection per target (the guest's scheduler, not the switch, made gaps at full rate).
 INTERVAL = "0.1"
