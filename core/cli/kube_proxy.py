@@ -13,10 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from kubeplex.core.cli import kube_proxy_flags as flags
-
 # As in ``run``: only what the daemon's first request to the API server needs is imported
 # here; cleanup and --init-only import their parts when asked.
+from kubeplex.core.cli import kube_proxy_flags as flags
 from kubeplex.core.cli import logs
 from kubeplex.core.cli.config_watch import ConfigWatch
 from kubeplex.core.cli.kube_proxy_config import build
