@@ -1,18 +1,26 @@
 """The ipvs mode's kernel seam on this host's kernel: the ipset part (IPVS and dummy links need
-the VM: tests/vm). Real ipsets in a network namespace of the test's own, over netlink."""
+the VM: tests/vm). Real ipsets in a network namespace of the test's own, over netlink; and,
+on a kernel without IPVS, the start's message naming what is missing."""
 
 from __future__ import annotations
 
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from kubeplex.backends.ipvs import IpvsBackend
 from kubeplex.backends.ipvs.kernel import IpvsKernel
 from kubeplex.backends.ipvs.plan import IpsetSpec, Op
+from kubeplex.core.config.kubeproxy import with_overrides
+from kubeplex.core.dataplane import plugins
+from kubeplex.core.dataplane.backend import BackendContext
+from kubeplex.core.dataplane.requirements import module_unavailable
 from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.types import IPFamily
+from kubeplex.testing.dataplane import lab_config
 
 pytestmark = pytest.mark.kernel
 
@@ -120,3 +128,24 @@ def test_interface_addresses_over_netlink(netns: str) -> None:
     kernel = IpvsKernel(netns)
     assert "127.0.0.1" in kernel.interface_addresses()
     assert kernel.delete_link() is False  # no kube-ipvs0 here
+
+
+def test_a_kernel_without_ipvs_stops_the_start_naming_what_is_missing(netns: str) -> None:
+    why = module_unavailable("ip_vs")
+    if Path("/proc/net/ip_vs").exists() or why is None:
+        pytest.skip("this kernel has or can load IPVS: tests/vm/test_ipvs_module_loading.py")
+    cfg = with_overrides(lab_config("ipvs"), mode="ipvs", known_modes=plugins.known_modes())
+    backend = IpvsBackend(BackendContext(cfg, "kind-worker", (V4,), netns, IpvsKernel(netns)))
+    with pytest.raises(BackendError) as caught:
+        backend.prepare()
+    message = str(caught.value)
+    assert message.startswith(
+        "ipvs mode cannot start: the probe virtual service with scheduler 'rr' was refused: "
+        f"this kernel has no IPVS (no generic netlink family 'IPVS'): {why}"
+    )
+    # And the rest the mode lacks here, each once.
+    for lack in IpvsKernel(netns).missing("rr"):
+        assert message.count(lack) == 1, (lack, message)
+    # Nothing was written before: the namespace still does not forward.
+    forwarding = _ip("ip", "netns", "exec", netns, "sysctl", "-n", "net.ipv4.ip_forward")
+    assert forwarding.stdout.strip() == "0"
