@@ -32,13 +32,13 @@ from kubeplex.core.model.validated_objects import (
     PORT_NAME,
     SERVICE_NAME_LABEL,
     SERVICE_TYPES,
-    TRIGGER_TIME_ANNOTATION,
     EndpointSliceObject,
     PortSpec,
     ServiceCIDRObject,
     ServiceObject,
     SliceEndpoint,
     SlicePort,
+    trigger_time,
 )
 
 
@@ -370,7 +370,6 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSliceObject:
         endpoints.append(
             SliceEndpoint(ip, ready, serving, terminating, node_name, zone, zone_hints, node_hints)
         )
-    trigger = annotations.get(TRIGGER_TIME_ANNOTATION, "")
     if f.errors:
         raise InvalidObject(_describe("EndpointSlice", obj), f.errors)
     return EndpointSliceObject(
@@ -380,7 +379,7 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSliceObject:
         address_type=address_type,
         ports=tuple(ports),
         endpoints=tuple(endpoints),
-        trigger_time=trigger if isinstance(trigger, str) else "",
+        trigger_time=trigger_time(annotations),
     )
 
 

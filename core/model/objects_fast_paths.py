@@ -22,12 +22,12 @@ from kubeplex.core.model.validated_objects import (
     LABEL_VALUE,
     PORT_NAME,
     SERVICE_NAME_LABEL,
-    TRIGGER_TIME_ANNOTATION,
     EndpointSliceObject,
     PortSpec,
     ServiceObject,
     SliceEndpoint,
     SlicePort,
+    trigger_time,
 )
 
 _new_service: Callable[..., ServiceObject] = fast_init(ServiceObject)
@@ -266,7 +266,6 @@ def endpoint_slice_fast_path(obj: Any) -> EndpointSliceObject | None:
             if endpoint is None:
                 return None
         append(endpoint)
-    trigger = annotations.get(TRIGGER_TIME_ANNOTATION, "")
     return EndpointSliceObject(
         namespace=namespace,
         name=name,
@@ -274,7 +273,7 @@ def endpoint_slice_fast_path(obj: Any) -> EndpointSliceObject | None:
         address_type=address_type,
         ports=tuple(ports),
         endpoints=tuple(endpoints),
-        trigger_time=trigger if isinstance(trigger, str) else "",
+        trigger_time=trigger_time(annotations),
     )
 
 

@@ -5,7 +5,9 @@ paths (``objects_fast_paths``) check."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kubeplex.core.model.types import IPFamily, Protocol, family_of
 
@@ -102,6 +104,12 @@ class EndpointSliceObject:
     @property
     def service_key(self) -> str:
         return f"{self.namespace}/{self.service_name}"
+
+
+def trigger_time(annotations: Mapping[str, Any]) -> str:
+    """A slice's last-change trigger time, as annotated ("" when absent or not text)."""
+    value = annotations.get(TRIGGER_TIME_ANNOTATION, "")
+    return value if isinstance(value, str) else ""
 
 
 @dataclass(frozen=True, slots=True)
