@@ -37,10 +37,10 @@ chart's way): no kubeconfig, the service account's token and CA where a pod has 
 namespace of its own, made before its start is counted, as a container runtime makes it), the
 server at ``KUBERNETES_SERVICE_HOST``.
 
-Each start finds the dataclass methods the start before compiled (``kubeplex.core.cli.codecache``,
-beside the bytecode), as every start after an installation's first does; ``--cold-cache``
-removes them before each start, as for a pod's first start from an image that does not ship
-them.
+Each start finds the dataclass methods the image's build step compiled
+(``kubeplex.core.startup.codecache``, beside the bytecode; the step is run when the package is
+laid out); ``--cold-cache`` removes them before each start, as for a pod's first start from an
+image that does not ship them.
 
 kubeplex runs as pip installs it (as in the image): this checkout's package is copied, compiled
 and run by a venv whose site-packages names it and the dependencies, so the checkout's editable
@@ -746,7 +746,25 @@ def installed_layout(env: dict[str, str], root: Path, work: Path) -> dict[str, s
     out = dict(env)
     out.pop("PYTHONPATH", None)
     out[PYTHON] = str(venv / "bin" / "python")
+    build_step(out)
     return out
+
+
+#: The image's build step that keeps the dataclass methods, as each kubeplex spells it (before
+#: it moved, a running daemon kept them itself, and this wrote them all the same).
+BUILD_STEPS = (
+    ["-m", "kubeplex.core.cli.warm_cache"],
+    ["-c", "from kubeplex.core.cli import codecache; codecache.warm()"],
+)
+#: Where each kubeplex keeps its dataclass methods, in the same order.
+CACHE_MODULES = ("kubeplex.core.startup.codecache", "kubeplex.core.cli.codecache")
+
+
+def build_step(env: dict[str, str]) -> None:
+    """Runs what the image's build runs for the kubeplex of ``env``, if it has it."""
+    for argv in BUILD_STEPS:
+        if subprocess.run([python_of(env), *argv], env=env, capture_output=True).returncode == 0:
+            return
 
 
 # ------------------------------------------------------------------------------ imports
@@ -755,18 +773,17 @@ def installed_layout(env: dict[str, str], root: Path, work: Path) -> dict[str, s
 def kept_methods(env: dict[str, str]) -> Path | None:
     """The file where the kubeplex of ``env`` keeps its compiled dataclass methods (None for
     one that keeps none)."""
-    out = subprocess.run(
-        [
-            python_of(env),
-            "-c",
-            "from kubeplex.core.cli import codecache; print(codecache.default_path())",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    path = out.stdout.strip()
-    return Path(path) if out.returncode == 0 and path != "None" else None
+    for module in CACHE_MODULES:
+        out = subprocess.run(
+            [python_of(env), "-c", f"import {module} as c; print(c.default_path())"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        path = out.stdout.strip()
+        if out.returncode == 0:
+            return Path(path) if path != "None" else None
+    return None
 
 
 def interpreter_time(env: dict[str, str], repeat: int = 5) -> float:
@@ -911,7 +928,7 @@ def main() -> None:
     p.add_argument(
         "--cold-cache",
         action="store_true",
-        help="remove the dataclass methods the start before kept, before each start",
+        help="remove the dataclass methods the build step kept, before each start",
     )
     p.add_argument(
         "--kubeplex",
@@ -963,7 +980,7 @@ def run_all(
         + (
             "compiled at each start (--cold-cache)"
             if args.cold_cache
-            else "kept from the start before"
+            else "kept by the image's build step"
         ),
         flush=True,
     )
