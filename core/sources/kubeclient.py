@@ -6,8 +6,8 @@ urllib3 connection pool, client-go's retries, TCP keepalive).
 What is not used is not imported. The package ``__init__``\\ s are skipped (see
 :func:`kubeplex.core.startup.packages.register_bare`), and so is the generated ``ApiClient``.
 kubeplex's requests answer with raw responses and are never deserialized into models, so the
-``ApiClient`` would only add its imports: pydantic, dateutil's parser and a thread pool,
-0.06-0.1 s at each start.
+``ApiClient`` would only add its imports, at each start: pydantic, dateutil's parser and a
+thread pool.
 :class:`ApiConnection` keeps the two parts of it that kubeplex uses, the ``Configuration`` and a
 REST client, and :func:`api_request` prepares a request as its ``param_serialize`` does. The
 kubeconfig loader's module is imported with what only its OIDC refresh calls deferred (see
@@ -31,9 +31,9 @@ from kubeplex.core.startup.packages import register_bare
 
 # ``kubernetes/__init__`` imports every part of the client (the dynamic client and its schema
 # validation, streams, leader election, informers) and ``kubernetes/config/__init__`` both
-# config loaders with OAuth, 0.1-0.2 s at each start; ``kubernetes/utils/__init__``, which the
-# REST client reaches for its retry and keepalive helpers, adds 3 ms of YAML creation and
-# metrics helpers. kubeplex uses the REST client and one loader.
+# config loaders with OAuth, at each start; ``kubernetes/utils/__init__``, which the REST client
+# reaches for its retry and keepalive helpers, adds YAML creation and metrics helpers. kubeplex
+# uses the REST client and one loader.
 register_bare("kubernetes", "kubernetes.config", "kubernetes.utils")
 
 import kubernetes.client as k8s  # noqa: E402
@@ -137,7 +137,7 @@ def _new_configuration() -> Any:
 def _kubeconfig_loader() -> Any:
     """The client's ``load_kube_config``, imported only when used. Its module imports what
     refreshing an OIDC token calls (the ``ApiClient``, ``requests_oauthlib`` and ``oauthlib``'s
-    OAuth 2 flows), about 0.1 s at each start: that is imported at the first such refresh."""
+    OAuth 2 flows), at each start: that is imported at the first such refresh."""
     register_bare("oauthlib", "oauthlib.oauth2")
     module = import_deferring(
         "kubernetes.config.kube_config",
