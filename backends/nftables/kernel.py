@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from typing import ClassVar, Protocol
 
-from kubeplex.backends.nftables import netlink
+from kubeplex.backends.nftables import names, netlink
 from kubeplex.core.dataplane import execer
 from kubeplex.core.model.errors import BackendError
 
@@ -88,17 +88,18 @@ class NftKernel:
         the first load of tables created empty, or (``empty_tables=False``) new services'
         chains ahead of a big sync's last transaction. Over netlink, each one is encoded
         while the kernel commits the one before (the socket's send releases the GIL, and the
-        kernel commits inside it); into empty tables, anonymous maps are named here, not by
-        the kernel."""
+        kernel commits inside it), and anonymous maps are named here, not by the kernel (which
+        scans every set of the table for each): into empty tables from 0, into tables that
+        exist above every number in use."""
         if not (self.use_netlink and self.nft_cmd == NFT):
             for text in texts:
                 self.run(text)
             return
         failed: list[BaseException] = []
         sender: threading.Thread | None = None
-        # Anonymous maps named here (a first load): only while no stage went through nft,
-        # whose maps the kernel numbers (it would pick the names this counter is yet to give).
-        anonymous_names: dict[int, int] | None = {} if empty_tables else None
+        # Anonymous maps named here: only while no stage went through nft, whose maps the
+        # kernel numbers (it would pick the names this counter is yet to give).
+        anonymous_names = {} if empty_tables else self._anonymous_numbers_above()
 
         def send(text: str, messages: list[netlink.Message] | None) -> None:
             try:
@@ -131,6 +132,23 @@ class NftKernel:
         except netlink.Unsupported as err:
             log.debug("nftables transaction through nft (not encoded here: %s)", err)
             return None
+
+    def _anonymous_numbers_above(self) -> dict[int, int] | None:
+        """Per family, the number above every anonymous map's (``__map<N>``) in the
+        kube-proxy tables; None if they cannot be listed (the kernel numbers them then)."""
+        if self._netlink is None:
+            self._netlink = netlink.NftNetlink(self.netns)
+        out = {}
+        try:
+            for family in ("ip", "ip6"):
+                found = self._netlink.set_names(family, names.TABLE)
+                numbers = [int(n[5:]) for n in found if n[:5] == "__map" and n[5:].isdigit()]
+                out[netlink.FAMILIES[family]] = max(numbers, default=-1) + 1
+        except (OSError, netlink.NetlinkError) as err:
+            log.debug("listing the nftables sets failed (%s): the kernel names maps", err)
+            self.close()
+            return None
+        return out
 
     def _run_netlink(self, messages: builtins.list[netlink.Message]) -> bool:
         """Send the batch; False if no socket can be had (then nft does it, from now on)."""

@@ -50,7 +50,8 @@ MSG_NEWTABLE, MSG_GETTABLE = 0, 1
 NFTA_TABLE_NAME = 1
 MSG_NEWCHAIN, MSG_DELCHAIN = 3, 5
 MSG_NEWRULE, MSG_DELRULE = 6, 8
-MSG_NEWSET, MSG_DELSET = 9, 11
+MSG_NEWSET, MSG_GETSET, MSG_DELSET = 9, 10, 11
+NFTA_SET_TABLE, NFTA_SET_NAME = 1, 2
 MSG_NEWSETELEM, MSG_DELSETELEM = 12, 14
 
 FAMILIES = {"ip": 2, "ip6": 10}
@@ -434,7 +435,8 @@ def compile_transaction(text: str, anonymous_names: dict[int, int] | None = None
     (per family; updated), as the kernel would in a table that has no other anonymous sets,
     instead of leaving the numbering to the kernel, which scans every set of the table with
     sscanf() for each one: most of a 10,000-Service first sync. Only for the first load of a
-    table created empty (the kernel numbers later ones around these names).
+    table created empty, or from above every number the table holds (the kernel numbers later
+    ones around these names).
     """
     named = ("\n" + text).count("\nadd set ") + ("\n" + text).count("\nadd map ")
     batch = _Batch(named, anonymous_names=anonymous_names)
@@ -1008,13 +1010,38 @@ class NftNetlink:
         """Every table of the netns, (family, name) in the kernel's order: what ``nft list
         tables`` prints, from one dump (nft builds its whole cache first, 0.3 s with 1,000
         Services' rules loaded). NetlinkError if the kernel refuses the dump."""
+        out: list[tuple[str, str]] = []
+        for message in self._dump(MSG_GETTABLE, MSG_NEWTABLE, 0, b"", "the tables"):  # 0: all
+            name = _string_attr(message[4:], NFTA_TABLE_NAME)
+            if name is not None:
+                out.append((FAMILY_NAMES.get(message[0], str(message[0])), name))
+        return out
+
+    def set_names(self, family: str, table: str) -> list[str]:
+        """The names of every set and map of ``table`` (anonymous ones included), from one
+        dump (none if there is no such table); NetlinkError if the kernel refuses it."""
+        request = _str(NFTA_SET_TABLE, table)
+        out = []
+        messages = self._dump(MSG_GETSET, MSG_NEWSET, FAMILIES[family], request, table, True)
+        for message in messages:
+            name = _string_attr(message[4:], NFTA_SET_NAME)
+            if name is not None:
+                out.append(name)
+        return out
+
+    def _dump(
+        self, ask: int, answer: int, family: int, body: bytes, what: str, missing_ok: bool = False
+    ) -> list[bytes]:
+        """The ``answer`` messages (nfgenmsg and attributes) of a dump request ``ask``;
+        ``missing_ok``: none where what it names does not exist."""
         sock = self._socket()
         self._drain(sock)
         self._seq += 1
         seq = self._seq
-        kind = (NFNL_SUBSYS_NFTABLES << 8) | MSG_GETTABLE
-        sock.send(_nlmsg(kind, NLM_F_REQUEST | NLM_F_DUMP, seq, 0, 0, b""))  # family 0: all
-        out: list[tuple[str, str]] = []
+        kind = (NFNL_SUBSYS_NFTABLES << 8) | ask
+        sock.send(_nlmsg(kind, NLM_F_REQUEST | NLM_F_DUMP, seq, family, 0, body))
+        wanted = (NFNL_SUBSYS_NFTABLES << 8) | answer
+        out: list[bytes] = []
         while True:
             data = sock.recv(1 << 16)
             off = 0
@@ -1028,14 +1055,11 @@ class NftNetlink:
                     return out
                 if kind == NLMSG_ERROR:
                     (code,) = struct.unpack_from("=i", message)
-                    if code:
-                        raise NetlinkError(f"listing the tables failed: {os.strerror(-code)}")
+                    if code and not (missing_ok and code == -errno.ENOENT):
+                        raise NetlinkError(f"listing {what} failed: {os.strerror(-code)}")
                     return out
-                if kind == (NFNL_SUBSYS_NFTABLES << 8) | MSG_NEWTABLE and len(message) >= 4:
-                    name = _string_attr(message[4:], NFTA_TABLE_NAME)
-                    family = FAMILY_NAMES.get(message[0], str(message[0]))
-                    if name is not None:
-                        out.append((family, name))
+                if kind == wanted and len(message) >= 4:
+                    out.append(message)
 
     @staticmethod
     def _drain(sock: socket.socket) -> list[tuple[int, int]]:

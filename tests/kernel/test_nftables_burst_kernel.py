@@ -16,6 +16,8 @@ from test_nftables_render import (
 )
 
 import kubeplex.backends.nftables as backend_module
+from kubeplex.backends.nftables import names as N
+from kubeplex.backends.nftables import netlink
 from kubeplex.backends.nftables.kernel import NftKernel
 
 pytestmark = pytest.mark.kernel
@@ -69,4 +71,30 @@ def test_services_removed_and_added_at_once(netns: str, netns2: str) -> None:
     r = h.sync()
     assert not r.full and r.fresh_stages
     assert all("delete" not in stage for stage in r.fresh_stages)
+    assert_as_one_nft_transaction(h, netns, netns2)
+
+
+@pytest.mark.usefixtures("small_stages")
+def test_a_bursts_maps_are_named_above_those_the_table_holds(netns: str, netns2: str) -> None:
+    """The stages name their anonymous maps themselves (the kernel would scan every set of the
+    table for each), above every number in use: none taken twice, none of the table's lost."""
+    h = kernel_harness(many_services(30), netns)
+    h.sync()
+    for i in range(10):  # gaps in the numbering, which the kernel would fill first
+        h.cluster.delete_service(f"ns{i}", "web")
+    h.sync()
+    link = netlink.NftNetlink(netns)
+    try:
+        assert link.set_names("ip6", "no-such-table") == []
+        before = set(link.set_names("ip", N.TABLE))
+        h.feed(many_services(400)[21:])
+        r = h.sync()
+        after = set(link.set_names("ip", N.TABLE))
+    finally:
+        link.close()
+    assert r.fresh_stages and before <= after
+    numbers = {int(name[5:]) for name in before if name.startswith("__map")}
+    assert len(numbers) == 20
+    new = {int(name[5:]) for name in after - before if name.startswith("__map")}
+    assert len(new) == 370 and min(new) > max(numbers)
     assert_as_one_nft_transaction(h, netns, netns2)
