@@ -291,7 +291,7 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
         )
         listed = [p for p in plans if p.full and p.settings.ip in observed.listed]
         if not listed:
-            _stage_fresh(rendered, observed)
+            stage_new_objects(rendered, observed)
             return
         if observed.tables is None:
             rendered.listing_failed = tuple(p.settings.family for p in listed)
@@ -316,7 +316,7 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
             if lines > max(STAGE_MIN_LINES, STAGE_LINES):
                 rendered.stages = _stages(plans)
         else:
-            _stage_fresh(rendered, observed)
+            stage_new_objects(rendered, observed)
 
     def sync(self, state: ProxyState) -> SyncResult:
         """Observe once, render and apply; if the kernel (or the encoder) refuses commands of
@@ -520,10 +520,12 @@ def _table_line(fam: str) -> str:
     return f"nftables table {fam} {names.TABLE}"
 
 
-def _stage_fresh(rendered: NftablesRendered, observed: NftObserved) -> None:
+def stage_new_objects(rendered: NftablesRendered, observed: NftObserved) -> None:
     """Send the plans' new chains and sets ahead, in stages, when there are many of them (a
     burst of new Services): only into tables that exist (a partial plan's, or a full plan's
-    the listing found), so nothing but the last transaction changes what packets meet."""
+    the listing found), so nothing but the last transaction changes what packets meet. A
+    burst stays a partial sync: a full one sends the same stages and then every element and
+    fixed chain again, so it costs no less (bench/burst_sync.py measures both)."""
     plans = rendered.plans
     tables = observed.tables or {}
     if any(p.full and p.fresh_parts and p.settings.ip not in tables for p in plans):

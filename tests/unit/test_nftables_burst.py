@@ -14,7 +14,7 @@ import pytest
 from test_nftables_render import V4, Harness, assert_same_table, many_services
 
 import kubeplex.backends.nftables as backend_module
-from kubeplex.backends.nftables import NftObserved, _stage_fresh
+from kubeplex.backends.nftables import NftObserved, stage_new_objects
 from kubeplex.backends.nftables.listing import TableObjects
 from kubeplex.backends.nftables.render import FamilyPlan, NftablesRendered
 from kubeplex.core.model.errors import BackendError
@@ -61,14 +61,14 @@ def plan(fresh_lines: int, full: bool = False) -> FamilyPlan:
 def test_new_chains_go_ahead_in_stages_only_beyond_the_threshold() -> None:
     at, above = backend_module.STAGE_MIN_LINES, backend_module.STAGE_MIN_LINES + 1
     small = NftablesRendered([plan(at)])
-    _stage_fresh(small, NftObserved())
+    stage_new_objects(small, NftObserved())
     assert small.fresh_stages == []
     big = NftablesRendered([plan(above)])
-    _stage_fresh(big, NftObserved())
+    stage_new_objects(big, NftObserved())
     assert big.fresh_stages == ["add chain ip kube-proxy x\n"]
     # Two families count together.
     both = NftablesRendered([plan(at // 2 + 1), plan(at // 2 + 1)])
-    _stage_fresh(both, NftObserved())
+    stage_new_objects(both, NftObserved())
     assert len(both.fresh_stages) == 2
 
 
@@ -76,10 +76,10 @@ def test_a_full_plan_is_staged_only_into_a_table_the_listing_found() -> None:
     listed = NftObserved(listed=("ip",), tables={"ip": TableObjects()})
     gone = NftObserved(listed=("ip",), tables={})
     found = NftablesRendered([plan(10**6, full=True)])
-    _stage_fresh(found, listed)
+    stage_new_objects(found, listed)
     assert found.fresh_stages
     missing = NftablesRendered([plan(10**6, full=True)])
-    _stage_fresh(missing, gone)
+    stage_new_objects(missing, gone)
     assert missing.fresh_stages == []
 
 
