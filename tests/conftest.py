@@ -1,6 +1,6 @@
 """Shared fixtures: the ``kernel`` marker's skip, a namespace lab (``netlab``), empty
 network namespaces (``netns``, ``netns2``), and ``dp``: a module's ``shared`` dataplane lab
-(tests/dataplane_kit.py), reset for each test."""
+(tests/kits/dataplane_kit.py), reset for each test."""
 
 from __future__ import annotations
 

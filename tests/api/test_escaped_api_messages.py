@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from apiserver import FakeApiServer
-from kubeapi_kit import api_source
-from logs_kit import root_logger_kept
+from kits.kubeapi_kit import api_source
+from kits.logs_kit import root_logger_kept
 
 from kubeplex.core.cli import logs
 

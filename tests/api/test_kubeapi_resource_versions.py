@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer
-from kubeapi_kit import api_source, rbac_server
+from kits.kubeapi_kit import api_source, rbac_server
 from kubernetes.client.exceptions import ApiException
 
 from kubeplex.core.model.types import IPFamily

@@ -16,7 +16,7 @@ import kubernetes.client as k8s
 import pytest
 from apiserver import DEFAULT_RESOURCES, KUBE_PROXY_PERMISSIONS, FakeApiServer, RequestRecord
 from apiserver import server as apiserver_module
-from kubeapi_kit import api_source, rbac_server, write_config
+from kits.kubeapi_kit import api_source, rbac_server, write_config
 
 from kubeplex.core.cli import main as cli
 from kubeplex.core.cli import run as run_command

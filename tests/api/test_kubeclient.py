@@ -13,10 +13,10 @@ from typing import Any
 import kubernetes.client as k8s
 import pytest
 from apiserver import TLS_CERT, FakeApiServer
-from cli_kit import wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kubeapi_kit import api_source
+from kits.cli_kit import wait_until
+from kits.kubeapi_kit import api_source
 
 from kubeplex.core.model.types import IPFamily
 from kubeplex.core.sources.kubeapi import KubeApiSource

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from apiserver import FakeApiServer
-from kubeapi_kit import api_source, rbac_server
+from kits.kubeapi_kit import api_source, rbac_server
 
 from kubeplex.core.sources.api_errors import connection_refused
 from kubeplex.core.sources.kubeapi import ENDPOINTSLICES, RESOURCES, SERVICES, KubeApiSource

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer
-from cli_kit import LAB, in_netns
+from kits.cli_kit import LAB, in_netns
 
 from kubeplex.core.startup import SWITCH
 

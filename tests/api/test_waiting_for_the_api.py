@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from apiserver import FakeApiServer
-from kubeapi_kit import write_config
+from kits.kubeapi_kit import write_config
 
 import kubeplex.core.cli.main as cli
 from kubeplex.core.cli import run as run_command

@@ -9,8 +9,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kits.render_kit import config
 from kube_strategies import MARKER, NODE, Broken, GoodService
-from render_kit import config
 
 from kubeplex.backends.iptables import IptablesBackend
 from kubeplex.backends.iptables import names as ipt_names

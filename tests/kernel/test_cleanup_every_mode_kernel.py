@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from cli_kit import LAB, in_netns, kubeplex
+from kits.cli_kit import LAB, in_netns, kubeplex
 
 from kubeplex.core.config.kubeproxy import load_config, with_overrides
 from kubeplex.core.dataplane import plugins

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_kit import LAB, RENDER_LAB, in_netns, kubeplex
+from kits.cli_kit import LAB, RENDER_LAB, in_netns, kubeplex
 
 
 @pytest.mark.kernel

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from dataplane_kit import shared_dataplane
+from kits.dataplane_kit import shared_dataplane
 
 from kubeplex.core.sources.manifests import ManifestSource
 from kubeplex.testing.dataplane import DataplaneCluster, endpoint_slice, service

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from dataplane_kit import shared_dataplane
+from kits.dataplane_kit import shared_dataplane
 
 from kubeplex.core.daemon.conntrack import UDP, ConntrackCleaner
 from kubeplex.core.daemon.ctnetlink import BATCH, Flow, NetlinkConntrack

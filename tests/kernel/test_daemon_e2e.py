@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer
-from cli_kit import in_netns, wait_until
+from kits.cli_kit import in_netns, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "testing" / "lab"

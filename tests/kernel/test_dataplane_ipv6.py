@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Iterator
 
 import pytest
-from dataplane_kit import shared_dataplane
+from kits.dataplane_kit import shared_dataplane
 
 from kubeplex.core.model.types import IPFamily
 from kubeplex.testing.dataplane import DataplaneCluster, endpoint_slice, service

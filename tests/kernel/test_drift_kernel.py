@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 import yaml
-from cli_kit import LAB, in_netns, kubeplex, wait_until
-from render_kit import (
+from kits.cli_kit import LAB, in_netns, kubeplex, wait_until
+from kits.render_kit import (
     NODE,
     RenderHarness,
     endpoint_slice,

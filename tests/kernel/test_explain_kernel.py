@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cli_kit import LAB, in_netns, kubeplex
+from kits.cli_kit import LAB, in_netns, kubeplex
 
 from kubeplex.testing.netlab import CLIENT_POD, NODE1, Lab
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from fakes_kit import SETUP, SETUP_LISTED, T
+from kits.fakes_kit import SETUP, SETUP_LISTED, T
 
 from kubeplex.backends.nftables.listing import parse_listing, parse_table
 from kubeplex.core.model.errors import BackendError

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from cli_kit import LAB, in_netns, kubeplex
+from kits.cli_kit import LAB, in_netns, kubeplex
 
 pytestmark = pytest.mark.kernel
 

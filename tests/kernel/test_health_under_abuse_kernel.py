@@ -5,7 +5,7 @@ a Service added meanwhile must be programmed.
 
 The daemon starts with the usual soft descriptor limit (1,024), where a server holding a
 thread and a descriptor per connection ran out of descriptors just past that limit. The
-clients are a process of their own (tests/flood_kit.py), so that their work does not slow
+clients are a process of their own (tests/kits/flood_kit.py), so that their work does not slow
 down the probes.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer
-from cli_kit import in_netns, wait_until
+from kits.cli_kit import in_netns, wait_until
 from test_daemon_e2e import LAB, ROOT, free_port
 
 from kubeplex.core.dataplane.netns import run_in_netns
@@ -31,7 +31,7 @@ SLOW_CONNECTIONS = 3000
 PROBES = 15
 #: What a node's process gets unless its unit raises it.
 USUAL_SOFT_LIMIT = 1024
-FLOOD = ROOT / "tests" / "flood_kit.py"
+FLOOD = ROOT / "tests" / "kits" / "flood_kit.py"
 
 pytestmark = pytest.mark.kernel
 

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from http_kit import serving_loop
+from kits.http_kit import serving_loop
 
 from kubeplex.core.daemon.httpserving import HTTPServing
 from kubeplex.core.daemon.proxy_health import ProxyHealth, ProxyHealthServer

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_kit import in_netns
+from kits.cli_kit import in_netns
 
 REPO = Path(__file__).resolve().parents[2]
 WRAPPER = REPO / "image" / "iptables-wrapper"

@@ -9,7 +9,7 @@ import subprocess
 from typing import Any
 
 import pytest
-from cli_kit import in_netns
+from kits.cli_kit import in_netns
 
 from kubeplex.backends.iptables import IptablesBackend, render
 from kubeplex.backends.iptables.render import IptablesRendered

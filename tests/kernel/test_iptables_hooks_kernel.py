@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
-from cli_kit import in_netns
+from kits.cli_kit import in_netns
 
 from kubeplex.backends.iptables import ROUTE_LOCALNET, IptablesBackend, names
 from kubeplex.backends.netfilter.iptables import Iptables

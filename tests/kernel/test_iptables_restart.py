@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
-from cli_kit import in_netns
+from kits.cli_kit import in_netns
 
 from kubeplex.backends.iptables import NFACCT_COUNTERS, IptablesBackend
 from kubeplex.backends.netfilter.iptables import Iptables

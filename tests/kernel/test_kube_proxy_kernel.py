@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer
-from cli_kit import LAB, in_netns, wait_until
+from kits.cli_kit import LAB, in_netns, wait_until
 
 from kubeplex.core.dataplane.netns import run_in_netns
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 from apiserver import FakeApiServer
-from cli_kit import LAB, in_netns
-from kubeapi_kit import rbac_server, write_config
+from kits.cli_kit import LAB, in_netns
+from kits.kubeapi_kit import rbac_server, write_config
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_kit import LAB, in_netns, kubeplex
-from hostile_kit import HOSTILE
+from kits.cli_kit import LAB, in_netns, kubeplex
+from kits.hostile_kit import HOSTILE
 
 
 @pytest.mark.kernel

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_kit import in_netns, kubeplex, wait_until
+from kits.cli_kit import in_netns, kubeplex, wait_until
 
 from kubeplex.testing.netlab import CLIENT_POD, NODE1, Lab, ProbeResult
 

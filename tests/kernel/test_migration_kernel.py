@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_kit import LAB, kubeplex, wait_until
-from migration_kit import SETTLE, StepFigures, Traffic, figures, lab_manifests
+from kits.cli_kit import LAB, kubeplex, wait_until
+from kits.migration_kit import SETTLE, StepFigures, Traffic, figures, lab_manifests
 
 from kubeplex.core.config.kubeproxy import load_config, with_overrides
 from kubeplex.core.dataplane import plugins

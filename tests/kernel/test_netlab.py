@@ -8,7 +8,7 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from netlab_kit import CLIENT_IP6, EXTERNAL_IP6, small_spec
+from kits.netlab_kit import CLIENT_IP6, EXTERNAL_IP6, small_spec
 
 from kubeplex.testing.netlab import (
     CLIENT_POD,

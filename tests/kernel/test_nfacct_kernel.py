@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from cli_kit import in_netns
+from kits.cli_kit import in_netns
 
 from kubeplex.backends.netfilter.nfacct import Nfacct, NfacctError
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from render_kit import endpoint_slice, ep, port
+from kits.render_kit import endpoint_slice, ep, port
 from test_nftables_render import NODE, V4, V6, Harness, many_services, node_obj, web_service
 
 from kubeplex.backends.nftables import NftablesBackend

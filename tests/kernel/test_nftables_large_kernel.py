@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from dataplane_kit import shared_dataplane
-from render_kit import endpoint_slice as slice_of
-from render_kit import ep
+from kits.dataplane_kit import shared_dataplane
+from kits.render_kit import endpoint_slice as slice_of
+from kits.render_kit import ep
 from test_nftables_render import NODE, V4, Harness, assert_encoded_as_nft, node_obj, web_service
 
 from kubeplex.backends.nftables import names as N

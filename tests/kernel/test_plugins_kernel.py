@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_kit import LAB
-from plugins_kit import RECORDING, kubeplex, own_trust_list, require_example, write_trust
+from kits.cli_kit import LAB
+from kits.plugins_kit import RECORDING, kubeplex, own_trust_list, require_example, write_trust
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_kit import kubeplex, wait_until
+from kits.cli_kit import kubeplex, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "testing" / "lab"

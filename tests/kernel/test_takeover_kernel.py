@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_kit import LAB, in_netns, kubeplex
-from migration_kit import SETTLE, StepFigures, Traffic, figures, lab_manifests
+from kits.cli_kit import LAB, in_netns, kubeplex
+from kits.migration_kit import SETTLE, StepFigures, Traffic, figures, lab_manifests
 
 from kubeplex.testing.netlab import NODE1, Lab
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from render_kit import config, endpoint_slice, ep, port, service
+from kits.render_kit import config, endpoint_slice, ep, port, service
 
 from kubeplex.core.dataplane.backend import (
     CONTRACT_VERSION,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from cli_kit import LAB, RENDER_LAB, kubeplex
+from kits.cli_kit import LAB, RENDER_LAB, kubeplex
 
 from kubeplex.core.cli import main as cli
 from kubeplex.core.cli import render as render_cmd

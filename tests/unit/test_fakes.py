@@ -8,7 +8,7 @@ scratch namespace and the fake, and compares the outcome.
 from __future__ import annotations
 
 import pytest
-from fakes_kit import SETUP, SETUP_LISTED, T
+from kits.fakes_kit import SETUP, SETUP_LISTED, T
 
 from kubeplex.backends.netfilter.iptables import SavedRuleset
 from kubeplex.backends.nftables.listing import kube_proxy_tables, parse_listing, parse_table

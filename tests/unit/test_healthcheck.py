@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from http_kit import serving_loop
+from kits.http_kit import serving_loop
 
 from kubeplex.core.config.kubeproxy import default_config
 from kubeplex.core.daemon.httpserving import HTTPServing, ListenError

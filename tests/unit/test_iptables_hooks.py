@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
-from render_kit import V4, V6, config, endpoint_slice, ep, port, service
+from kits.render_kit import V4, V6, config, endpoint_slice, ep, port, service
 
 import kubeplex.backends.iptables.render as render_module
 from kubeplex.backends.iptables import ROUTE_LOCALNET, IptablesBackend, names

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from render_kit import endpoint_slice, ep, port, service
+from kits.render_kit import endpoint_slice, ep, port, service
 from test_iptables_render import NODE, Harness, all_lines
 
 import kubeplex.backends.iptables.render as render_module

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import render_kit
 import yaml
-from render_kit import (
+from kits import render_kit
+from kits.render_kit import (
     LAB,
     NODE,
     NODE_IP,

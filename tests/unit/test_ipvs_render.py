@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import render_kit
-from render_kit import (
+from kits import render_kit
+from kits.render_kit import (
     LAB,
     NODE,
     NODE_IP,

@@ -16,10 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import cli_kit
 import pytest
-import render_kit
-from render_kit import (
+from kits import cli_kit, render_kit
+from kits.render_kit import (
     LAB,
     NODE,
     NODE_IP,

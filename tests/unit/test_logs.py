@@ -7,7 +7,7 @@ import logging
 from collections.abc import Iterator
 
 import pytest
-from logs_kit import root_logger_kept
+from kits.logs_kit import root_logger_kept
 
 from kubeplex.core.cli import logs
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration, parse_config

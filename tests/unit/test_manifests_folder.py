@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from perm_kit import can_drop_dac, without_dac_override
+from kits.perm_kit import can_drop_dac, without_dac_override
 from test_manifests import NODE, V4, service_yaml, services, slice_yaml, spn, write
 
 from kubeplex.core.model.cluster import ClusterState

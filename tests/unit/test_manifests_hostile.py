@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_kit import LAB, kubeplex
-from hostile_kit import HOSTILE, alias_bomb
+from kits.cli_kit import LAB, kubeplex
+from kits.hostile_kit import HOSTILE, alias_bomb
 from test_manifests import NODE, V4, service_yaml, services, spn, write
 
 from kubeplex.core.model.cluster import ClusterState

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pytest
-from http_kit import serving_loop
+from kits.http_kit import serving_loop
 
 from kubeplex.core.config.kubeproxy import default_config, with_overrides
 from kubeplex.core.daemon.httpserving import HTTPServing

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from render_kit import V4, config, endpoint_slice, ep, port, service
+from kits.render_kit import V4, config, endpoint_slice, ep, port, service
 
 from kubeplex.backends.iptables import IptablesBackend
 from kubeplex.backends.nftables import NftablesBackend

@@ -4,7 +4,7 @@ a lab up (tests/kernel/test_netlab.py does)."""
 from __future__ import annotations
 
 import pytest
-from netlab_kit import CLIENT_IP6, EXTERNAL_IP6, small_spec
+from kits.netlab_kit import CLIENT_IP6, EXTERNAL_IP6, small_spec
 
 from kubeplex.testing.netclient import target_text
 from kubeplex.testing.netlab import (

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from render_kit import endpoint_slice, ep
+from kits.render_kit import endpoint_slice, ep
 from test_nftables_render import NODE, V4, V6, FakeKernel, Harness, many_services
 
 from kubeplex.backends.nftables import (

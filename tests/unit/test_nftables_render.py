@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import render_kit
-from render_kit import (
+from kits import render_kit
+from kits.render_kit import (
     LAB,
     NODE_IP,
     V4,
@@ -2099,7 +2099,7 @@ def assert_encoded_as_nft(messages: list[Any], text: str, netns: str) -> None:
     """``messages`` (netlink.compile_transaction of ``text``) are what nft sends for ``text``:
     byte for byte, but for the padding nft leaves uninitialized and the order of a set's
     elements (nft's --debug=mnl dump, taken applying ``text`` in ``netns``)."""
-    from nft_messages import canonical, nft_messages
+    from kits.nft_messages import canonical, nft_messages
 
     from kubeplex.backends.nftables import netlink
 

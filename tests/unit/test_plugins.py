@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from plugins_kit import RECORDING, kubeplex, own_trust_list, require_example, write_trust
+from kits.plugins_kit import RECORDING, kubeplex, own_trust_list, require_example, write_trust
 
 from kubeplex.core.config.kubeproxy import default_config
 from kubeplex.core.daemon.proxier import Proxier

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from render_kit import V4, V6, config, endpoint_slice, ep, node_obj, port, service
+from kits.render_kit import V4, V6, config, endpoint_slice, ep, node_obj, port, service
 
 from kubeplex.core.dataplane import plugins
 from kubeplex.core.dataplane.backend import Backend, BackendContext, Rendered

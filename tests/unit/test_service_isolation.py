@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from render_kit import endpoint_slice, ep
+from kits.render_kit import endpoint_slice, ep
 from test_nftables_render import NODE, FakeKernel, Harness, many_services
 
 import kubeplex.backends.nftables.render as render_module

@@ -7,8 +7,8 @@ import errno
 from dataclasses import replace
 from pathlib import Path
 
-import cli_kit
 import pytest
+from kits import cli_kit
 
 from kubeplex.core.config.kubeproxy import KubeProxyConntrackConfiguration
 from kubeplex.core.daemon.sysctls import (

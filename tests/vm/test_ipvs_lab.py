@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Iterator
 
 import pytest
-from cli_kit import LAB, in_netns, kubeplex
+from kits.cli_kit import LAB, in_netns, kubeplex
 
 NODE_IP = "172.18.0.5"  # the lab Node's InternalIP
 CLUSTER_IPS = ("10.96.88.59", "10.96.223.155")

@@ -1,7 +1,7 @@
 """A live switch through the ipvs mode under load (runs in the test VM; skipped without IPVS).
 
 The lab's node goes iptables -> ipvs -> nftables with ``kubeplex migrate --to`` while the
-traffic of tests/migration_kit.py runs: new TCP connections to a ClusterIP (from a pod) and a
+traffic of tests/kits/migration_kit.py runs: new TCP connections to a ClusterIP (from a pod) and a
 NodePort (from a host outside), long-lived TCP connections and a long-lived UDP flow opened
 in the iptables mode, and long-lived TCP connections opened once the node is in ipvs mode
 (IPVS itself forwards those: they meet the switch away from it). Per step: failed new
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_kit import LAB, in_netns, kubeplex, wait_until
-from migration_kit import (
+from kits.cli_kit import LAB, in_netns, kubeplex, wait_until
+from kits.migration_kit import (
     CLUSTER_IP,
     KIT,
     NODE_PORT,

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_kit import LAB, in_netns, kubeplex
+from kits.cli_kit import LAB, in_netns, kubeplex
 
 from kubeplex.backends.ipvs import IpvsBackend
 from kubeplex.backends.ipvs.kernel import IpvsKernel

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer
-from cli_kit import LAB
 
+from kits.cli_kit import LAB
 from kubeplex.core.config.kubeproxy import default_config
 from kubeplex.core.sources.kubeapi import KubeApiSource
 

@@ -2,7 +2,7 @@
 
 Run inside a lab namespace as a script (standard library only)::
 
-    python tests/migration_kit.py --http 10.96.88.59:80 --udp 10.96.0.53:53 --stop FILE
+    python tests/kits/migration_kit.py --http 10.96.88.59:80 --udp 10.96.0.53:53 --stop FILE
 
 until FILE exists: a new TCP connection (HTTP GET) to every ``--http`` target every
 ``--interval`` seconds; ``--long`` long-lived TCP connections per target, each a request
@@ -175,7 +175,7 @@ endpoints:
 
 def lab_manifests(tmp: Path) -> Path:
     """The lab's manifests and the UDP Service, in a folder under ``tmp``."""
-    from cli_kit import LAB
+    from kits.cli_kit import LAB
 
     folder = tmp / "manifests"
     folder.mkdir()
@@ -189,8 +189,7 @@ class Traffic:
     """The generators in the client pod and the external host, until stopped."""
 
     def __init__(self, lab: Any, tmp: Path, udp: bool = True) -> None:
-        from cli_kit import wait_until
-
+        from kits.cli_kit import wait_until
         from kubeplex.testing.netlab import CLIENT_POD, EXTERNAL
 
         self.stop_file = tmp / "stop"

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-LAB = Path(__file__).resolve().parents[1] / "testing" / "lab"
+LAB = Path(__file__).resolve().parents[2] / "testing" / "lab"
 #: ``kubeplex render`` of the lab.
 RENDER_LAB = ("render", "--config", str(LAB / "config.yaml"), "--manifests", str(LAB / "manifests"))
 

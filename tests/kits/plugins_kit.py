@@ -9,9 +9,9 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import cli_kit
 import pytest
 
+from kits import cli_kit
 from kubeplex.core.dataplane import plugins
 
 RECORDING = """
