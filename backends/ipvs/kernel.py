@@ -17,14 +17,12 @@ runs one dump per socket).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import ipaddress
 import os
 import platform
 import socket
-import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from kubeplex.backends.ipvs import ipsets, netlink
@@ -40,21 +38,27 @@ from kubeplex.backends.ipvs.plan import (
     VirtualServer,
 )
 from kubeplex.backends.netfilter.iptables import Iptables
+from kubeplex.core.dataplane import netlink as nl
+from kubeplex.core.dataplane.netlink import (
+    NETLINK_GENERIC,
+    NETLINK_NETFILTER,
+    NETLINK_ROUTE,
+    NLM_F_ACK,
+    NLM_F_CREATE,
+    NLM_F_DUMP,
+    NLM_F_EXCL,
+    NLM_F_REQUEST,
+)
 from kubeplex.core.dataplane.requirements import module_unavailable
 from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.types import IPFamily
 from kubeplex.core.model.types import Protocol as L4
 
-NETLINK_ROUTE, NETLINK_NETFILTER, NETLINK_GENERIC = 0, 12, 16
-NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE, NLM_F_DUMP = 1, 4, 0x200, 0x400, 0x300
-NLMSG_ERROR, NLMSG_DONE = 2, 3
-SOL_NETLINK, NETLINK_CAP_ACK = 270, 10
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK = 16, 17, 18
 RTM_GETADDR = 22
 NFNL_SUBSYS_IPSET = 6
 #: Requests in flight on one socket before their acknowledgements are read.
 WINDOW = 256
-_HEADER = struct.Struct("=IHHII")
 
 _PROTO_NUM = {L4.TCP: socket.IPPROTO_TCP, L4.UDP: socket.IPPROTO_UDP, L4.SCTP: 132}
 _NUM_PROTO = {v: k for k, v in _PROTO_NUM.items()}
@@ -74,20 +78,10 @@ class NetlinkSocket:
     """One raw netlink socket of ``proto`` (in ``netns``), with pipelined requests."""
 
     def __init__(self, proto: int, netns: str | None) -> None:
-        if netns:
-            from pyroute2 import netns as pr_netns
-
-            self.sock = pr_netns.create_socket(
-                netns=netns, family=socket.AF_NETLINK, socket_type=socket.SOCK_RAW, proto=proto
-            )
-        else:
-            self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, proto)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-        with contextlib.suppress(OSError):  # acknowledgements without the request echoed
-            self.sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
-        self.sock.bind((0, 0))
+        # Acknowledgements without the request echoed.
+        self.sock = nl.open_socket(proto, netns, cap_ack=True, buffers=4 << 20)
         self.seq = 0
+        self._buf = bytearray(1 << 20)
 
     def close(self) -> None:
         self.sock.close()
@@ -103,17 +97,6 @@ class NetlinkSocket:
         msg["header"]["pid"] = 0
         msg.encode()
         return self.seq, bytes(msg.data)
-
-    def _messages(self) -> Iterator[tuple[int, int, int, bytes]]:
-        """(type, flags, seq, whole message) of one read."""
-        data = self.sock.recv(1 << 20)
-        off = 0
-        while off + _HEADER.size <= len(data):
-            length, mtype, flags, seq, _ = _HEADER.unpack_from(data, off)
-            if length < _HEADER.size:
-                break
-            yield mtype, flags, seq, data[off : off + length]
-            off += (length + 3) & ~3
 
     def requests(self, msgs: Sequence[tuple[Any, int, int]]) -> list[int]:
         """Send (message, type, flags) requests, ``WINDOW`` at a time; each one's errno (0:
@@ -131,15 +114,8 @@ class NetlinkSocket:
                 buf += data
             if buf:
                 self.sock.send(bytes(buf))
-            codes = [-1] * len(window)
-            pending = len(window)
-            while pending:
-                for mtype, _, seq, data in self._messages():
-                    i = seq - first
-                    if mtype == NLMSG_ERROR and 0 <= i < len(window) and codes[i] == -1:
-                        codes[i] = -struct.unpack_from("=i", data, _HEADER.size)[0]
-                        pending -= 1
-            out += codes
+            codes = nl.acks(self.sock, first, first + len(window) - 1, self._buf)
+            out += [-codes.get(first + i, 0) for i in range(len(window))]
         return out
 
     def request(self, msg: Any, msg_type: int, flags: int = 0) -> int:
@@ -149,23 +125,15 @@ class NetlinkSocket:
         """One dump (or get) request; its answers decoded with ``decode``."""
         seq, data = self._encode(msg, msg_type, flags | NLM_F_REQUEST)
         self.sock.send(data)
+        code, answers = nl.answers(self.sock, seq, dump=bool(flags & NLM_F_DUMP), size=1 << 20)
+        if code:
+            raise OSError(-code, os.strerror(-code))
         out: list[Any] = []
-        while True:
-            for mtype, mflags, mseq, part in self._messages():
-                if mseq != seq:
-                    continue
-                if mtype == NLMSG_DONE:
-                    return out
-                if mtype == NLMSG_ERROR:
-                    code = -struct.unpack_from("=i", part, _HEADER.size)[0]
-                    if code:
-                        raise OSError(code, os.strerror(code))
-                    return out
-                m = decode(part)
-                m.decode()
-                out.append(m)
-                if not mflags & 0x2:  # NLM_F_MULTI: a get's single answer
-                    return out
+        for part in answers:
+            m = decode(part)
+            m.decode()
+            out.append(m)
+        return out
 
 
 class IpvsKernel:

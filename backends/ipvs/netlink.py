@@ -10,6 +10,7 @@ for dumps, the link, family and protocol lookups and everything else that is not
 
 Each function returns a request's payload (what follows the 16-byte netlink header), its
 message type and its flags (without NLM_F_REQUEST / NLM_F_ACK); ``frame`` adds the header.
+Headers and attributes are the shared netlink module's (``kubeplex.core.dataplane.netlink``).
 """
 
 from __future__ import annotations
@@ -27,11 +28,18 @@ from kubeplex.backends.ipvs.plan import (
     VirtualKey,
     VirtualServer,
 )
+from kubeplex.core.dataplane.netlink import (
+    NLA,
+    NLA_F_NESTED,
+    NLA_F_NET_BYTEORDER,
+    NLM_F_CREATE,
+    NLM_F_EXCL,
+    attr,
+    message,
+)
 from kubeplex.core.model.types import IPFamily
 from kubeplex.core.model.types import Protocol as L4
 
-NLM_F_EXCL, NLM_F_CREATE = 0x200, 0x400
-NLA_F_NESTED, NLA_F_NET_BYTEORDER = 0x8000, 0x4000
 RTM_NEWADDR, RTM_DELADDR = 20, 21
 NFNL_SUBSYS_IPSET = 6
 IPVS_CMD = {
@@ -51,22 +59,14 @@ SCHED_FLAGS = {"flag-1": 0x8, "flag-2": 0x10, "flag-3": 0x20}
 PROTO_NUM = {L4.TCP: socket.IPPROTO_TCP, L4.UDP: socket.IPPROTO_UDP, L4.SCTP: 132}
 NAME_PROTO = {"tcp": 6, "udp": 17, "sctp": 132}
 
-_HEADER = struct.Struct("=IHHII")
-_NLA = struct.Struct("=HH")
 _GENL = struct.Struct("=BBH")
 _IFADDR = struct.Struct("=BBBBI")
 _NFGEN = struct.Struct("=BB2s")
 _U32 = struct.Struct("=HHI")
-_ZERO = b"\0\0\0\0"
-
-
-def _attr(kind: int, payload: bytes) -> bytes:
-    n = 4 + len(payload)
-    return _NLA.pack(n, kind) + payload + _ZERO[: -n & 3]
 
 
 def _u16(kind: int, value: int) -> bytes:
-    return _NLA.pack(6, kind) + struct.pack("=H2x", value)
+    return NLA.pack(6, kind) + struct.pack("=H2x", value)
 
 
 def _u32(kind: int, value: int) -> bytes:
@@ -74,15 +74,15 @@ def _u32(kind: int, value: int) -> bytes:
 
 
 def _be16(kind: int, value: int) -> bytes:
-    return _NLA.pack(6, kind) + struct.pack("!H2x", value)
+    return NLA.pack(6, kind) + struct.pack("!H2x", value)
 
 
 def _u8(kind: int, value: int) -> bytes:
-    return _NLA.pack(5, kind) + struct.pack("=B3x", value)
+    return NLA.pack(5, kind) + struct.pack("=B3x", value)
 
 
 def _asciiz(kind: int, text: str) -> bytes:
-    return _attr(kind, text.encode() + b"\0")
+    return attr(kind, text.encode() + b"\0")
 
 
 @lru_cache(maxsize=65536)
@@ -97,7 +97,7 @@ def _af(family: IPFamily) -> int:
 
 def frame(payload: bytes, msg_type: int, flags: int, seq: int) -> bytes:
     """A whole netlink message: the header (port id 0: the kernel's) and the payload."""
-    return _HEADER.pack(_HEADER.size + len(payload), msg_type, flags, seq, 0) + payload
+    return message(msg_type, flags, seq, payload)
 
 
 # --- IPVS (generic netlink; the family id is resolved once by the caller) ------------------
@@ -108,7 +108,7 @@ def _service_key(key: VirtualKey, af: int) -> bytes:
     return (
         _u16(1, af)  # IPVS_SVC_ATTR_AF
         + _u16(2, PROTO_NUM[key.protocol])  # IPVS_SVC_ATTR_PROTOCOL
-        + _attr(3, _ip(key.address))  # IPVS_SVC_ATTR_ADDR
+        + attr(3, _ip(key.address))  # IPVS_SVC_ATTR_ADDR
         + _be16(4, key.port)  # IPVS_SVC_ATTR_PORT
     )
 
@@ -122,16 +122,16 @@ def _service(vs: VirtualServer, af: int) -> bytes:
     return (
         _service_key(vs.key, af)
         + _asciiz(6, vs.scheduler)  # IPVS_SVC_ATTR_SCHED_NAME
-        + _attr(7, struct.pack("=II", flags, 0xFFFF))  # IPVS_SVC_ATTR_FLAGS
+        + attr(7, struct.pack("=II", flags, 0xFFFF))  # IPVS_SVC_ATTR_FLAGS
         + _u32(8, vs.persistence)  # IPVS_SVC_ATTR_TIMEOUT
-        + _attr(9, netmask)  # IPVS_SVC_ATTR_NETMASK
+        + attr(9, netmask)  # IPVS_SVC_ATTR_NETMASK
     )
 
 
 def _dest(real: RealServer, af: int, full: bool) -> bytes:
     out = (
         _u16(11, af)  # IPVS_DEST_ATTR_ADDR_FAMILY
-        + _attr(1, _ip(real.key.address))  # IPVS_DEST_ATTR_ADDR
+        + attr(1, _ip(real.key.address))  # IPVS_DEST_ATTR_ADDR
         + _be16(2, real.key.port)  # IPVS_DEST_ATTR_PORT
     )
     if full:
@@ -151,14 +151,14 @@ def ipvs_payload(op: Op) -> bytes:
     head = _GENL.pack(IPVS_CMD[k], 1, 0)
     if k in ("add-service", "edit-service"):
         assert op.service is not None
-        return head + _attr(1, _service(op.service, af))  # IPVS_CMD_ATTR_SERVICE
+        return head + attr(1, _service(op.service, af))  # IPVS_CMD_ATTR_SERVICE
     key = op.key if op.key is not None else op.service.key if op.service else None
     assert key is not None
-    svc = _attr(1, _service_key(key, af))
+    svc = attr(1, _service_key(key, af))
     if k == "del-service":
         return head + svc
     assert op.real is not None
-    return head + svc + _attr(2, _dest(op.real, af, k != "del-real"))  # IPVS_CMD_ATTR_DEST
+    return head + svc + attr(2, _dest(op.real, af, k != "del-real"))  # IPVS_CMD_ATTR_DEST
 
 
 def ipvs_flags(op: Op) -> int:
@@ -173,7 +173,7 @@ def address_request(op: Op, index: int) -> tuple[bytes, int, int]:
     raw = _ip(op.address)
     six = len(raw) == 16
     head = _IFADDR.pack(socket.AF_INET6 if six else socket.AF_INET, 128 if six else 32, 0, 0, index)
-    payload = head + _attr(2, raw) + _attr(1, raw)  # IFA_LOCAL, IFA_ADDRESS
+    payload = head + attr(2, raw) + attr(1, raw)  # IFA_LOCAL, IFA_ADDRESS
     if op.kind == "add-address":
         return payload, RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL
     return payload, RTM_DELADDR, 0
@@ -185,8 +185,8 @@ def address_request(op: Op, index: int) -> tuple[bytes, int, int]:
 def _ipset_ip(kind: int, address: str) -> bytes:
     raw = _ip(address)
     # IPSET_ATTR_IPADDR_IPV4 / _IPV6, in network byte order, nested in IP or IP2.
-    inner = _attr((2 if len(raw) == 16 else 1) | NLA_F_NET_BYTEORDER, raw)
-    return _attr(kind | NLA_F_NESTED, inner)
+    inner = attr((2 if len(raw) == 16 else 1) | NLA_F_NET_BYTEORDER, raw)
+    return attr(kind | NLA_F_NESTED, inner)
 
 
 def _nbo_u8(kind: int, value: int) -> bytes:
@@ -198,7 +198,7 @@ def _nbo_be16(kind: int, value: int) -> bytes:
 
 
 def _nbo_be32(kind: int, value: int) -> bytes:
-    return _NLA.pack(8, kind | NLA_F_NET_BYTEORDER) + struct.pack("!I", value)
+    return NLA.pack(8, kind | NLA_F_NET_BYTEORDER) + struct.pack("!I", value)
 
 
 def entry_data(spec: IpsetSpec, entry: str) -> bytes:
@@ -236,11 +236,11 @@ def ipset_request(op: Op, protocol: int, revision: int = 0) -> tuple[bytes, int,
             + _asciiz(3, spec.kind)  # IPSET_ATTR_TYPENAME
             + _u8(4, revision)  # IPSET_ATTR_REVISION
             + _u8(5, fam)  # IPSET_ATTR_FAMILY
-            + _attr(7 | NLA_F_NESTED, data)  # IPSET_ATTR_DATA
+            + attr(7 | NLA_F_NESTED, data)  # IPSET_ATTR_DATA
         )
         return payload, (NFNL_SUBSYS_IPSET << 8) | IPSET_CMD_CREATE, NLM_F_EXCL
     if k == "destroy-set":
         return head, (NFNL_SUBSYS_IPSET << 8) | IPSET_CMD_DESTROY, 0
     cmd = IPSET_CMD_ADD if k == "add-entry" else IPSET_CMD_DEL
-    payload = head + _attr(7 | NLA_F_NESTED, entry_data(spec, op.entry))
+    payload = head + attr(7 | NLA_F_NESTED, entry_data(spec, op.entry))
     return payload, (NFNL_SUBSYS_IPSET << 8) | cmd, NLM_F_EXCL

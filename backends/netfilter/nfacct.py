@@ -14,7 +14,8 @@ import socket
 import struct
 import threading
 
-from kubeplex.backends.netfilter.nfnetlink import open_socket
+from kubeplex.core.dataplane import netlink
+from kubeplex.core.dataplane.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST
 
 __all__ = ["Nfacct", "NfacctError"]
 
@@ -25,12 +26,6 @@ NFACCT_NAME = 1
 NFACCT_PKTS = 2
 #: The longest name with its NUL (linux/netfilter/nfnetlink_acct.h).
 NFACCT_NAME_MAX = 32
-
-_NLM_F_REQUEST = 0x1
-_NLM_F_ACK = 0x4
-_NLM_F_CREATE = 0x400
-_NLMSG_ERROR = 2
-_HEADER = struct.Struct("=IHHII")
 
 
 class NfacctError(OSError):
@@ -54,44 +49,41 @@ class Nfacct:
 
     def packets(self, name: str) -> int | None:
         """The packets counted by ``name``; None if there is no such counter."""
-        code, payloads = self._request(NFNL_MSG_ACCT_GET, 0, name)
+        code, replies = self._request(NFNL_MSG_ACCT_GET, 0, name)
         if code == -errno.ENOENT:
             return None
-        if code != 0 or not payloads:
+        if code != 0 or not replies:
             raise NfacctError(-code or errno.EPROTO, f"nfacct get {name}: {_reason(code)}")
-        return _packets(payloads[0])
+        return _packets(replies[0])
 
     def ensure(self, name: str) -> None:
         """Creates counter ``name`` unless it exists (then it is left as it is, counts kept)."""
-        code, _ = self._request(NFNL_MSG_ACCT_NEW, _NLM_F_CREATE | _NLM_F_ACK, name)
+        code, _ = self._request(NFNL_MSG_ACCT_NEW, NLM_F_CREATE | NLM_F_ACK, name)
         if code not in (0, -errno.EBUSY):
             raise NfacctError(-code, f"nfacct add {name}: {_reason(code)}")
 
     def _request(self, kind: int, flags: int, name: str) -> tuple[int, list[bytes]]:
-        """Sends one request; (its error code, 0 for none; the payloads of its replies)."""
+        """Sends one request; (its error code, 0 for none; its replies, whole)."""
         raw = name.encode()
         if not raw or len(raw) >= NFACCT_NAME_MAX or b"\0" in raw:
             raise ValueError(f"nfacct counter name {name!r}: 1-{NFACCT_NAME_MAX - 1} bytes")
-        attr = raw + b"\0"
-        body = struct.pack("=BBH", socket.AF_UNSPEC, 0, 0)  # nfgenmsg: family, version, res_id
-        body += struct.pack("=HH", 4 + len(attr), NFACCT_NAME) + attr + b"\0" * (-len(attr) % 4)
+        attrs = netlink.attr(NFACCT_NAME, raw + b"\0")
         with self._lock:
             try:
                 sock = self._socket()
                 self._seq += 1
                 seq = self._seq
-                header = _HEADER.pack(
-                    16 + len(body), (NFNL_SUBSYS_ACCT << 8) | kind, _NLM_F_REQUEST | flags, seq, 0
-                )
-                sock.send(header + body)
-                return _replies(sock, seq, wants_ack=bool(flags & _NLM_F_ACK))
+                msg_type = (NFNL_SUBSYS_ACCT << 8) | kind
+                flags |= NLM_F_REQUEST
+                sock.send(netlink.nfnl_message(msg_type, flags, seq, socket.AF_UNSPEC, attrs))
+                return netlink.answers(sock, seq, dump=False)
             except OSError as err:  # (a timeout too): the next request opens a new socket
                 self._drop()
                 raise NfacctError(err.errno or errno.EIO, f"nfacct {name}: {err}") from err
 
     def _socket(self) -> socket.socket:
         if self._sock is None:
-            sock = open_socket(self.netns)
+            sock = netlink.open_socket(netlink.NETLINK_NETFILTER, self.netns)
             sock.settimeout(5.0)
             self._sock = sock
         return self._sock
@@ -102,37 +94,11 @@ class Nfacct:
             self._sock = None
 
 
-def _replies(sock: socket.socket, seq: int, wants_ack: bool) -> tuple[int, list[bytes]]:
-    """Reads the answers to request ``seq``: a GET's counter message (then its end, an error
-    message with code 0, only if asked), or the error message a refusal or ACK is."""
-    payloads: list[bytes] = []
-    while True:
-        data = sock.recv(1 << 16)
-        off = 0
-        while off + 16 <= len(data):
-            size, kind, _flags, got, _pid = _HEADER.unpack_from(data, off)
-            payload = data[off + 16 : off + size]
-            off += max((size + 3) & ~3, 16)
-            if got != seq:
-                continue  # (an earlier request's late answer)
-            if kind == _NLMSG_ERROR:
-                (code,) = struct.unpack_from("=i", payload)
-                return code, payloads
-            payloads.append(payload)
-        if payloads and not wants_ack:
-            return 0, payloads
-
-
-def _packets(payload: bytes) -> int:
-    """NFACCT_PKTS of a counter message (after its nfgenmsg)."""
-    off = 4
-    while off + 4 <= len(payload):
-        length, kind = struct.unpack_from("=HH", payload, off)
-        if length < 4:
-            break
-        if kind & 0x3FFF == NFACCT_PKTS and length >= 12:
-            return int(struct.unpack_from(">Q", payload, off + 4)[0])
-        off += (length + 3) & ~3
+def _packets(reply: bytes) -> int:
+    """NFACCT_PKTS of a counter message (its attributes follow the nfgenmsg)."""
+    for kind, start, stop in netlink.attributes(reply, netlink.NFNL_HEADER.size, len(reply)):
+        if kind == NFACCT_PKTS and stop - start >= 8:
+            return int(struct.unpack_from(">Q", reply, start)[0])
     raise NfacctError(errno.EPROTO, "nfacct: a counter message without its packets")
 
 

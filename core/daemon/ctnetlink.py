@@ -21,10 +21,28 @@ import operator
 import os
 import socket
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kubeplex.core.dataplane.netns import NETNS_DIR, run_in_netns
+from kubeplex.core.dataplane import netlink
+from kubeplex.core.dataplane.netlink import (
+    HEADER,
+    NFNL_HEADER,
+    NLA,
+    NLA_F_NESTED,
+    NLA_TYPE_MASK,
+    NLM_F_ACK,
+    NLM_F_CREATE,
+    NLM_F_DUMP,
+    NLM_F_EXCL,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    attr,
+    nested,
+    nfnl_message,
+)
+from kubeplex.core.dataplane.netns import NETNS_DIR
 from kubeplex.core.model.types import IPFamily
 
 __all__ = [
@@ -39,16 +57,11 @@ __all__ = [
 ]
 
 AF: dict[IPFamily, int] = {IPFamily.IPv4: socket.AF_INET, IPFamily.IPv6: socket.AF_INET6}
-NETLINK_NETFILTER = 12
 #: Deletions per write: the failures a batch can draw (each an skb of under 1 KiB) must fit
 #: the socket's default receive buffer (208 KiB), or the kernel drops answers.
 BATCH = 128
 
-# linux/netlink.h, linux/netfilter/nfnetlink.h, nfnetlink_conntrack.h
-_NLMSG_ERROR, _NLMSG_DONE = 2, 3
-_NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_DUMP = 0x1, 0x4, 0x300
-_NLM_F_EXCL, _NLM_F_CREATE = 0x200, 0x400
-_SOL_NETLINK, _NETLINK_CAP_ACK = 270, 10
+# linux/netfilter/nfnetlink_conntrack.h
 _CT_NEW = 1 << 8 | 0  # NFNL_SUBSYS_CTNETLINK << 8 | IPCTNL_MSG_CT_NEW (a dump's entries too)
 _CT_GET = 1 << 8 | 1
 _CT_DELETE = 1 << 8 | 2
@@ -59,15 +72,11 @@ _CTA_IP_V4_SRC, _CTA_IP_V4_DST, _CTA_IP_V6_SRC, _CTA_IP_V6_DST = 1, 2, 3, 4
 _CTA_PROTO_NUM, _CTA_PROTO_SRC_PORT, _CTA_PROTO_DST_PORT = 1, 2, 3
 _CTA_FILTER_ORIG_FLAGS = 1
 _CTA_FILTER_FLAG_PROTO_NUM = 1 << 3
-_NLA_F_NESTED = 0x8000
-_NLA_TYPE_MASK = 0x3FFF
 
-_HEADER = struct.Struct("=IHHII")
-_NFGEN = struct.Struct("=BBH")
-_NLA = struct.Struct("=HH")
 _BE16 = struct.Struct(">H")
 _BE32 = struct.Struct(">I")
-_ERRNO = struct.Struct("=i")
+#: nfgenmsg, before a message's attributes.
+_NFGEN_SIZE = NFNL_HEADER.size - HEADER.size
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,34 +104,21 @@ class ConntrackError(OSError):
 # ------------------------------------------------------------------------------- encoding
 
 
-def _attr(kind: int, payload: bytes) -> bytes:
-    return _NLA.pack(4 + len(payload), kind) + payload + b"\0" * (-len(payload) % 4)
-
-
-def _nested(kind: int, *parts: bytes) -> bytes:
-    return _attr(kind | _NLA_F_NESTED, b"".join(parts))
-
-
-def _message(kind: int, flags: int, seq: int, family: int, attrs: bytes) -> bytes:
-    body = _NFGEN.pack(family, 0, 0) + attrs  # nfgenmsg: family, NFNETLINK_V0, res_id
-    return _HEADER.pack(16 + len(body), kind, flags, seq, 0) + body
-
-
 def _tuple(
     family: int, src: str, dst: str, proto: int, sport: int | None, dport: int | None
 ) -> bytes:
     v4 = family == socket.AF_INET
-    ip = _nested(
+    ip = nested(
         _CTA_TUPLE_IP,
-        _attr(_CTA_IP_V4_SRC if v4 else _CTA_IP_V6_SRC, socket.inet_pton(family, src)),
-        _attr(_CTA_IP_V4_DST if v4 else _CTA_IP_V6_DST, socket.inet_pton(family, dst)),
+        attr(_CTA_IP_V4_SRC if v4 else _CTA_IP_V6_SRC, socket.inet_pton(family, src)),
+        attr(_CTA_IP_V4_DST if v4 else _CTA_IP_V6_DST, socket.inet_pton(family, dst)),
     )
     ports = b""
     if sport is not None:
-        ports += _attr(_CTA_PROTO_SRC_PORT, _BE16.pack(sport))
+        ports += attr(_CTA_PROTO_SRC_PORT, _BE16.pack(sport))
     if dport is not None:
-        ports += _attr(_CTA_PROTO_DST_PORT, _BE16.pack(dport))
-    return ip + _nested(_CTA_TUPLE_PROTO, _attr(_CTA_PROTO_NUM, bytes((proto,))), ports)
+        ports += attr(_CTA_PROTO_DST_PORT, _BE16.pack(dport))
+    return ip + nested(_CTA_TUPLE_PROTO, attr(_CTA_PROTO_NUM, bytes((proto,))), ports)
 
 
 def _orig(flow: Flow) -> tuple[str, str, int, int | None, int | None]:
@@ -147,14 +143,14 @@ class _Layout:
         one = f"HH HH HH{size}s HH{size}s HH HHB3x HHH2x HHH2x"
         self.pair = struct.Struct("=" + one + one)
         self.heads = operator.itemgetter(*_HEADS, *(21 + i for i in _HEADS))
-        nested = _NLA_F_NESTED
+        nested = NLA_F_NESTED
         common = (ip_len, _CTA_TUPLE_IP | nested, 4 + size, src, 4 + size, dst, proto_len,
                   _CTA_TUPLE_PROTO | nested, 5, _CTA_PROTO_NUM, 6, _CTA_PROTO_SRC_PORT, 6,
                   _CTA_PROTO_DST_PORT)  # fmt: skip
         self.tuple_heads = (self.tuple_len, _CTA_TUPLE_ORIG | nested, *common)
         #: What ``heads`` gives for a pair of this shape.
         self.expected = (*self.tuple_heads, self.tuple_len, _CTA_TUPLE_REPLY | nested, *common)
-        self.delete = struct.Struct("=IHHII BBH" + one + "HHI")
+        self.delete = struct.Struct(NFNL_HEADER.format + one + "HHI")
 
     def decode(
         self, buf: bytes, pos: int, names: dict[bytes, str], zone: int | None, ct_id: int | None
@@ -204,16 +200,16 @@ def _name(names: dict[bytes, str], raw: bytes) -> str:
 
 def delete_message(seq: int, family: int, flow: Flow, *, ack: bool) -> bytes:
     """IPCTNL_MSG_CT_DELETE of one entry, by its original tuple, zone and id."""
-    flags = _NLM_F_REQUEST | (_NLM_F_ACK if ack else 0)
+    flags = NLM_F_REQUEST | (NLM_F_ACK if ack else 0)
     sport, dport, ct_id = flow.orig_sport, flow.orig_dport, flow.ct_id
     if not flow.zone and sport is not None and dport is not None and ct_id is not None:
         return _LAYOUTS[family].encode_delete(seq, flags, family, flow, sport, dport, ct_id)
-    attrs = _nested(_CTA_TUPLE_ORIG, _tuple(family, *_orig(flow)))
+    attrs = nested(_CTA_TUPLE_ORIG, _tuple(family, *_orig(flow)))
     if flow.zone:
-        attrs += _attr(_CTA_ZONE, _BE16.pack(flow.zone))
+        attrs += attr(_CTA_ZONE, _BE16.pack(flow.zone))
     if flow.ct_id is not None:
-        attrs += _attr(_CTA_ID, _BE32.pack(flow.ct_id))
-    return _message(_CT_DELETE, flags, seq, family, attrs)
+        attrs += attr(_CTA_ID, _BE32.pack(flow.ct_id))
+    return nfnl_message(_CT_DELETE, flags, seq, family, attrs)
 
 
 def new_message(seq: int, family: int, flow: Flow, timeout: int, *, ack: bool) -> bytes:
@@ -221,14 +217,14 @@ def new_message(seq: int, family: int, flow: Flow, timeout: int, *, ack: bool) -
     NATed to), as ``conntrack -I`` makes it."""
     reply = (flow.reply_src, flow.reply_dst, flow.proto, flow.reply_sport, flow.reply_dport)
     attrs = (
-        _nested(_CTA_TUPLE_ORIG, _tuple(family, *_orig(flow)))
-        + _nested(_CTA_TUPLE_REPLY, _tuple(family, *reply))
-        + _attr(_CTA_TIMEOUT, _BE32.pack(timeout))
+        nested(_CTA_TUPLE_ORIG, _tuple(family, *_orig(flow)))
+        + nested(_CTA_TUPLE_REPLY, _tuple(family, *reply))
+        + attr(_CTA_TIMEOUT, _BE32.pack(timeout))
     )
     if flow.zone:
-        attrs += _attr(_CTA_ZONE, _BE16.pack(flow.zone))
-    flags = _NLM_F_REQUEST | _NLM_F_CREATE | _NLM_F_EXCL | (_NLM_F_ACK if ack else 0)
-    return _message(_CT_NEW, flags, seq, family, attrs)
+        attrs += attr(_CTA_ZONE, _BE16.pack(flow.zone))
+    flags = NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL | (NLM_F_ACK if ack else 0)
+    return nfnl_message(_CT_NEW, flags, seq, family, attrs)
 
 
 def dump_message(seq: int, family: int, proto: int | None) -> bytes:
@@ -236,13 +232,13 @@ def dump_message(seq: int, family: int, proto: int | None) -> bytes:
     (CTA_FILTER, Linux >= 5.8)."""
     attrs = b""
     if proto is not None:
-        attrs = _nested(
-            _CTA_TUPLE_ORIG, _nested(_CTA_TUPLE_PROTO, _attr(_CTA_PROTO_NUM, bytes((proto,))))
-        ) + _nested(
+        attrs = nested(
+            _CTA_TUPLE_ORIG, nested(_CTA_TUPLE_PROTO, attr(_CTA_PROTO_NUM, bytes((proto,))))
+        ) + nested(
             _CTA_FILTER,
-            _attr(_CTA_FILTER_ORIG_FLAGS, struct.pack("=I", _CTA_FILTER_FLAG_PROTO_NUM)),
+            attr(_CTA_FILTER_ORIG_FLAGS, struct.pack("=I", _CTA_FILTER_FLAG_PROTO_NUM)),
         )
-    return _message(_CT_GET, _NLM_F_REQUEST | _NLM_F_DUMP, seq, family, attrs)
+    return nfnl_message(_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, family, attrs)
 
 
 # ------------------------------------------------------------------------------- decoding
@@ -251,22 +247,12 @@ def dump_message(seq: int, family: int, proto: int | None) -> bytes:
 _Tuple = tuple[str | None, str | None, int | None, int | None, int | None]
 
 
-def _attrs(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int]]:
-    """(type, payload start, payload end) of each attribute from ``pos`` to ``end``."""
-    while pos + 4 <= end:
-        size, kind = _NLA.unpack_from(buf, pos)
-        if size < 4 or pos + size > end:
-            return
-        yield kind & _NLA_TYPE_MASK, pos + 4, pos + size
-        pos += (size + 3) & ~3
-
-
 def _decode_tuple(buf: bytes, pos: int, end: int, names: dict[bytes, str]) -> _Tuple:
     src = dst = None
     proto = sport = dport = None
-    for kind, start, stop in _attrs(buf, pos, end):
+    for kind, start, stop in netlink.attributes(buf, pos, end):
         if kind == _CTA_TUPLE_IP:
-            for ikind, istart, istop in _attrs(buf, start, stop):
+            for ikind, istart, istop in netlink.attributes(buf, start, stop):
                 raw = buf[istart:istop]
                 if len(raw) not in (4, 16):
                     continue
@@ -275,7 +261,7 @@ def _decode_tuple(buf: bytes, pos: int, end: int, names: dict[bytes, str]) -> _T
                 elif ikind in (_CTA_IP_V4_DST, _CTA_IP_V6_DST):
                     dst = names.get(raw) or _name(names, raw)
         elif kind == _CTA_TUPLE_PROTO:
-            for ikind, istart, istop in _attrs(buf, start, stop):
+            for ikind, istart, istop in netlink.attributes(buf, start, stop):
                 if ikind == _CTA_PROTO_NUM and istop > istart:
                     proto = buf[istart]
                 elif ikind == _CTA_PROTO_SRC_PORT and istop - istart >= 2:
@@ -287,7 +273,7 @@ def _decode_tuple(buf: bytes, pos: int, end: int, names: dict[bytes, str]) -> _T
 
 def _decode_entry(buf: bytes, pos: int, end: int, names: dict[bytes, str]) -> Flow | None:
     layout = _LAYOUTS.get(buf[pos])  # (nfgenmsg's family)
-    pos += _NFGEN.size
+    pos += _NFGEN_SIZE
     if layout is not None and pos + layout.pair.size <= end:
         zone, ct_id = _zone_and_id(buf, pos + layout.pair.size, end)
         flow = layout.decode(buf, pos, names, zone, ct_id)
@@ -295,7 +281,7 @@ def _decode_entry(buf: bytes, pos: int, end: int, names: dict[bytes, str]) -> Fl
             return flow
     zone, ct_id = _zone_and_id(buf, pos, end)
     orig = reply = None
-    for kind, start, stop in _attrs(buf, pos, end):
+    for kind, start, stop in netlink.attributes(buf, pos, end):
         if kind == _CTA_TUPLE_ORIG:
             orig = _decode_tuple(buf, start, stop, names)
         elif kind == _CTA_TUPLE_REPLY:
@@ -311,13 +297,13 @@ def _decode_entry(buf: bytes, pos: int, end: int, names: dict[bytes, str]) -> Fl
 def _zone_and_id(buf: bytes, pos: int, end: int) -> tuple[int | None, int | None]:
     """An entry's CTA_ZONE and CTA_ID among its attributes from ``pos`` (the zone comes
     before the id, the id before what a cleanup does not read). Read for every entry, so
-    without ``_attrs``, whose generator would cost a third of a listing."""
+    without ``netlink.attributes``, whose generator would cost a third of a listing."""
     zone = None
     while pos + 4 <= end:
-        size, kind = _NLA.unpack_from(buf, pos)
+        size, kind = NLA.unpack_from(buf, pos)
         if size < 4:
             break
-        kind &= _NLA_TYPE_MASK
+        kind &= NLA_TYPE_MASK
         if kind == _CTA_ID and size >= 8:
             return zone, _BE32.unpack_from(buf, pos + 4)[0]
         if kind == _CTA_ZONE and size >= 6:
@@ -331,15 +317,15 @@ def parse_dump(data: bytes, seq: int, flows: list[Flow], names: dict[bytes, str]
     ``names`` caches the spelling of addresses across reads (a table repeats few)."""
     pos = 0
     while pos + 16 <= len(data):
-        size, kind, _flags, got, _pid = _HEADER.unpack_from(data, pos)
+        size, kind, _flags, got, _pid = HEADER.unpack_from(data, pos)
         if size < 16:
             raise ConntrackError(errno.EPROTO, "conntrack dump: a message shorter than its header")
         end = pos + size
         if got == seq:
-            if kind == _NLMSG_DONE:
+            if kind == NLMSG_DONE:
                 return True
-            if kind == _NLMSG_ERROR:
-                (code,) = _ERRNO.unpack_from(data, pos + 16)
+            if kind == NLMSG_ERROR:
+                code = netlink.error_code(data, pos)
                 if code:
                     raise ConntrackError(-code, f"conntrack dump: {os.strerror(-code)}")
                 return True
@@ -352,21 +338,6 @@ def parse_dump(data: bytes, seq: int, flows: list[Flow], names: dict[bytes, str]
 
 
 # ---------------------------------------------------------------------------------- the table
-
-
-def _open_socket(netns: str | None) -> socket.socket:
-    def make() -> socket.socket:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
-        try:
-            sock.bind((0, 0))
-            # Failures come back with the failed request's header only, not all of it.
-            sock.setsockopt(_SOL_NETLINK, _NETLINK_CAP_ACK, 1)
-        except OSError:
-            sock.close()
-            raise
-        return sock
-
-    return make() if netns is None else run_in_netns(netns, make)
 
 
 class NetlinkConntrack:
@@ -383,7 +354,8 @@ class NetlinkConntrack:
         self.family = family
         self.netns = netns
         self._af = AF[family]
-        self._sock = _open_socket(netns)
+        # Failures come back with the failed request's header only, not all of it.
+        self._sock = netlink.open_socket(netlink.NETLINK_NETFILTER, netns, cap_ack=True)
         self._sock.settimeout(self.TIMEOUT)
         self._seq = 0
         self._buf = bytearray(1 << 18)
@@ -447,22 +419,11 @@ class NetlinkConntrack:
 
     def _failures(self, first: int, last: int, expected: int) -> int:
         """Read a batch's answers up to the last one's; how many failed with ``expected``."""
-        failed = 0
-        while True:
-            n = self._sock.recv_into(self._buf)
-            pos = 0
-            while pos + 20 <= n:
-                size, kind, _flags, seq, _pid = _HEADER.unpack_from(self._buf, pos)
-                (code,) = _ERRNO.unpack_from(self._buf, pos + 16)
-                pos += max((size + 3) & ~3, 16)
-                if kind != _NLMSG_ERROR or not first <= seq <= last:
-                    continue  # (an earlier request's late answer)
-                if code == -expected:
-                    failed += 1
-                elif code:
-                    raise ConntrackError(-code, f"conntrack request: {os.strerror(-code)}")
-                if seq == last:
-                    return failed
+        codes = netlink.acks(self._sock, first, last, self._buf)
+        for code in codes.values():
+            if code and code != -expected:
+                raise ConntrackError(-code, f"conntrack request: {os.strerror(-code)}")
+        return sum(code == -expected for code in codes.values())
 
     def close(self) -> None:
         self._sock.close()
