@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,18 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer
-from kits.cli_kit import in_netns, wait_until
-
-ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "testing" / "lab"
+from kits.cli_kit import LAB, free_port, in_netns, wait_until
 
 pytestmark = pytest.mark.kernel
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def nat(ns: str) -> str:

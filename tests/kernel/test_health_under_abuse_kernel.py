@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer
-from kits.cli_kit import in_netns, wait_until
-from test_daemon_e2e import LAB, ROOT, free_port
+from kits import flood_kit
+from kits.cli_kit import LAB, free_port, in_netns, wait_until
 
 from kubeplex.core.dataplane.netns import run_in_netns
 
@@ -31,7 +31,7 @@ SLOW_CONNECTIONS = 3000
 PROBES = 15
 #: What a node's process gets unless its unit raises it.
 USUAL_SOFT_LIMIT = 1024
-FLOOD = ROOT / "tests" / "kits" / "flood_kit.py"
+FLOOD = Path(flood_kit.__file__)
 
 pytestmark = pytest.mark.kernel
 

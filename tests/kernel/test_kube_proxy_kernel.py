@@ -6,15 +6,13 @@ seed Service, and exits (for the kubelet to restart it) once its config file is 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from apiserver import KUBE_PROXY_PERMISSIONS, FakeApiServer
-from kits.cli_kit import LAB, in_netns, wait_until
+from kits.cli_kit import LAB, in_netns, kube_proxy_command, wait_until
 
 from kubeplex.core.dataplane.netns import run_in_netns
 
@@ -25,12 +23,6 @@ def start_in_netns(srv: FakeApiServer, netns: str) -> None:
     """Start ``srv`` listening on the namespace's loopback, where a pod on the node's network
     would reach it (setns from a short-lived thread: the listening socket is made there)."""
     run_in_netns(netns, srv.start)
-
-
-def kube_proxy_command() -> list[str]:
-    """The installed ``kube-proxy`` console script (the same entry point otherwise)."""
-    script = shutil.which("kube-proxy", path=str(Path(sys.executable).parent))
-    return [script] if script else [sys.executable, "-m", "kubeplex.core.cli.kube_proxy"]
 
 
 def test_kubeadm_command_line_runs_and_exits_when_its_config_changes(

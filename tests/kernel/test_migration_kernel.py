@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kits.cli_kit import LAB, kubeplex, wait_until
+from kits.cli_kit import LAB, free_port, kubeplex, wait_until
 from kits.migration_kit import SETTLE, StepFigures, Traffic, figures, lab_manifests
 
 from kubeplex.core.config.kubeproxy import load_config, with_overrides
@@ -32,12 +31,6 @@ pytestmark = pytest.mark.kernel
 @pytest.fixture
 def manifests(tmp_path: Path) -> Path:
     return lab_manifests(tmp_path)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def leftovers(netns: str, mode: str) -> list[str]:

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from apiserver import KUBE_PROXY_PERMISSIONS, TLS_CERT, FakeApiServer
-from kits.cli_kit import LAB, in_netns, wait_until
-from test_kube_proxy_kernel import kube_proxy_command
+from kits.cli_kit import LAB, in_netns, kube_proxy_command, wait_until
 
 from kubeplex.core.dataplane.netns import run_in_netns
 

@@ -3,6 +3,8 @@ network namespace; the lab's configuration and manifests to run it on."""
 
 from __future__ import annotations
 
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +28,19 @@ def kubeplex(
         check=False,
         env=env,
     )
+
+
+def kube_proxy_command() -> list[str]:
+    """The installed ``kube-proxy`` console script (the same entry point otherwise)."""
+    script = shutil.which("kube-proxy", path=str(Path(sys.executable).parent))
+    return [script] if script else [sys.executable, "-m", "kubeplex.core.cli.kube_proxy"]
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a server the test starts next)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def in_netns(ns: str, *argv: str) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pytest
-from test_healthcheck import FakeBackend
+from kits.fake_backend_kit import FakeBackend
 
 from kubeplex.core.config.kubeproxy import default_config
 from kubeplex.core.daemon.conntrack import (

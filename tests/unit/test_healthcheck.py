@@ -8,11 +8,13 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
 import pytest
+from kits.cli_kit import free_port
+from kits.fake_backend_kit import FakeBackend
 from kits.http_kit import serving_loop
 
 from kubeplex.core.config.kubeproxy import default_config
@@ -25,16 +27,8 @@ from kubeplex.core.daemon.service_health import (
     local_ready_endpoints,
     service_health_body,
 )
-from kubeplex.core.dataplane.backend import (
-    Backend,
-    BackendContext,
-    MetricEvent,
-    MetricFamily,
-    Rendered,
-    SyncResult,
-)
 from kubeplex.core.model.cluster import ClusterState
-from kubeplex.core.model.errors import BackendError, KubeplexError
+from kubeplex.core.model.errors import KubeplexError
 from kubeplex.core.model.graph import ProxyState
 from kubeplex.core.model.types import IPFamily
 from kubeplex.testing.dataplane import endpoint, endpoint_slice, service
@@ -59,12 +53,6 @@ def get(address: tuple[str, int], path: str) -> tuple[int, Mapping[str, str], st
         return resp.status, dict(resp.getheaders()), resp.read().decode()
     finally:
         conn.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def refused(port: int) -> bool:
@@ -292,52 +280,6 @@ def test_a_health_port_that_cannot_bind_is_reported_and_retried(serving: HTTPSer
 
 
 # ------------------------------------------------------------------------------- operations
-
-
-class _Rendered(Rendered):
-    def __init__(self, full: bool) -> None:
-        self._full = full
-
-    @property
-    def full(self) -> bool:
-        return self._full
-
-    def __str__(self) -> str:
-        return ""
-
-
-class FakeBackend(Backend):
-    """An iptables-like backend: its failure counters, fed by the daemon's events."""
-
-    mode = "iptables"
-
-    def __init__(self) -> None:
-        super().__init__(BackendContext(default_config(), NODE, (IPFamily.IPv4,)))
-        self.fail = False
-
-    def render(self, state: ProxyState, observed: object = None) -> Rendered:
-        return _Rendered(state.is_full())
-
-    def apply(self, rendered: Rendered) -> SyncResult:
-        if self.fail:
-            raise BackendError("iptables-restore: simulated failure")
-        return SyncResult(full=rendered.full)
-
-    def metric_families(self) -> Sequence[MetricFamily]:
-        return (
-            MetricFamily(
-                "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
-                "Cumulative proxy iptables restore failures",
-                "counter",
-                on=MetricEvent.SYNC_FAILED,
-            ),
-            MetricFamily(
-                "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
-                "Cumulative proxy iptables partial restore failures",
-                "counter",
-                on=MetricEvent.PARTIAL_SYNC_FAILED,
-            ),
-        )
 
 
 def make_ops(clock: Clock, node: dict[str, bool]) -> tuple[Operations, ClusterState, FakeBackend]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kits.render_kit import endpoint_slice, ep, port, service
-from test_iptables_render import NODE, Harness, all_lines
+from kits.iptables_kit import Harness, all_lines
+from kits.render_kit import NODE, endpoint_slice, ep, port, service
 
 import kubeplex.backends.iptables.render as render_module
 

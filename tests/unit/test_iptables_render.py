@@ -28,15 +28,14 @@ from typing import Any
 import pytest
 import yaml
 from kits import render_kit
+from kits.iptables_kit import UPSTREAM, Harness, all_lines
 from kits.render_kit import (
     LAB,
     NODE,
     NODE_IP,
     V4,
     V6,
-    RenderHarness,
     assert_golden_file,
-    config,
     endpoint_slice,
     ep,
     node_obj,
@@ -45,7 +44,7 @@ from kits.render_kit import (
     svc1,
 )
 
-from kubeplex.backends.iptables import IptablesBackend, names
+from kubeplex.backends.iptables import names
 from kubeplex.backends.iptables.prelude import prelude
 from kubeplex.backends.iptables.render import FamilyPlan, FamilyRenderer, IptablesRendered
 from kubeplex.backends.iptables.rules import (
@@ -58,7 +57,7 @@ from kubeplex.backends.iptables.rules import (
     service_rules,
 )
 from kubeplex.backends.netfilter.iptables import SavedRuleset
-from kubeplex.core.config.kubeproxy import KubeProxyConfiguration, load_config
+from kubeplex.core.config.kubeproxy import load_config
 from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.graph import ChangeSet, ServiceGraph
 from kubeplex.core.model.types import (
@@ -70,46 +69,11 @@ from kubeplex.core.model.types import (
     ServicePortName,
 )
 from kubeplex.core.sources.manifests import ManifestSource
-from kubeplex.testing.fakes import FakeIptables
 
 GOLDEN = Path(__file__).parent / "golden" / "iptables"
 
-#: upstream's NewFakeProxier detects local traffic by this cluster CIDR.
-UPSTREAM = {"clusterCIDR": "10.0.0.0/8"}
 #: the no-op detector of upstream's NoClusterCIDR / localhost-NodePort tests.
 NO_DETECTOR: dict[str, Any] = {}
-
-
-# --- harness ------------------------------------------------------------------------------------
-
-
-class Harness(RenderHarness[IptablesBackend, IptablesRendered]):
-    """ClusterState + IptablesBackend.render, without a kernel."""
-
-    def __init__(
-        self,
-        objects: Iterable[Mapping[str, Any]] = (),
-        cfg: Mapping[str, Any] | KubeProxyConfiguration = UPSTREAM,
-        families: tuple[IPFamily, ...] = (V4,),
-        nfacct: bool = False,
-        node: str = NODE,
-    ) -> None:
-        # Whether nfacct counters exist is found out on the node (prepare); a render test must
-        # not depend on the host it runs on (upstream's fake proxier has none).
-        kernel = FakeIptables(nfacct=nfacct)
-        super().__init__(
-            lambda ctx: IptablesBackend(replace(ctx, kernel=kernel)), objects, cfg, families, node
-        )
-        self.backend.prepare()
-
-    def commit(self, rendered: IptablesRendered) -> None:
-        """What apply() does after a successful iptables-restore, minus the kernel."""
-        for plan in rendered.plans:
-            self.backend.renderers[plan.family].commit(plan)
-
-    def reconfigure(self, fields: Mapping[str, Any]) -> None:
-        self.cfg = config(fields)
-        self.backend.ctx = replace(self.backend.ctx, config=self.cfg)
 
 
 def render(
@@ -132,10 +96,6 @@ def rules_of(
     plan = plan_of(rendered, family)
     chains = plan.filter if table == "filter" else plan.nat
     return list(chains.get(chain, ()))
-
-
-def all_lines(rendered: IptablesRendered) -> list[str]:
-    return str(rendered).splitlines()
 
 
 def assert_golden(name: str, rendered: IptablesRendered | str) -> None:

@@ -6,56 +6,18 @@ affinity read back as persistence."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from test_explain import NODE, OTHER, SCENARIOS, THREE, Node, slice_of, spn, web
+from kits.explain_kit import NODE_IP, OTHER, SCENARIOS, THREE, IpvsNode, slice_of, spn, web
 
 from kubeplex.core.cli import explain, inspecting
-from kubeplex.core.cli.inspecting import PortState, port_states, served_ports
-from kubeplex.core.dataplane import plugins
-from kubeplex.core.dataplane.backend import Backend, BackendContext
 from kubeplex.core.dataplane.drift import compare
 from kubeplex.core.model.expectations import FORWARD, LOCAL_POLICY_FALLBACK, REJECT
 from kubeplex.core.model.types import IPFamily
-from kubeplex.testing.fakes import FakeIpvs
 
 V4 = IPFamily.IPv4
-NODE_IP = "172.18.0.5"
 VS = "-t 10.96.88.59:80"
-
-
-class IpvsNode(Node):
-    """A node in ipvs mode whose kernel has the Node's address (NodePorts are served on the
-    node's addresses, so a kernel without one would have none)."""
-
-    def __init__(self, *objects: Mapping[str, Any]) -> None:
-        super().__init__("ipvs", *objects)
-        self.kernel = FakeIpvs(addresses=(NODE_IP,))
-        self.backend = self.fresh()
-
-    def fresh(self) -> Backend:
-        """A backend as ``kubeplex explain`` makes one: nothing rendered yet."""
-        ctx = BackendContext(self.config, NODE, (V4,), kernel=self.kernel)
-        return plugins.load_backend("ipvs", ctx)
-
-    @property
-    def ipvs(self) -> FakeIpvs:
-        assert isinstance(self.kernel, FakeIpvs)
-        return self.kernel
-
-    def ports(self) -> list[PortState]:
-        state = self.state()
-        found = port_states(self.config, state, self.backend, served_ports(state))
-        assert found is not None
-        return explain.for_mode(found, self.backend.capabilities)
-
-    def send(self, *ops: Any) -> None:
-        self.ipvs.send(V4, list(ops))
-
-    def held(self) -> Any:
-        return self.ipvs.dump(V4)
 
 
 def real_op(n: IpvsNode, kind: str, target: str, weight: int = 1) -> Any:

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import json
 
-from test_explain import NODE, SCENARIOS, Node
-from test_ipvs_explain import NODE_IP, IpvsNode
+from kits.explain_kit import NODE, NODE_IP, SCENARIOS, IpvsNode, Node
 
 from kubeplex.core.cli import inspecting, preflight
 from kubeplex.core.dataplane import plugins

@@ -2,69 +2,23 @@
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
 from pathlib import Path
 from textwrap import dedent
 from typing import Any
 
 import pytest
+from kits.manifests_kit import NODE, V4, service_yaml, services, slice_yaml, spn, write
 
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.errors import InvalidObject
-from kubeplex.core.model.types import IPFamily, ServicePortName
 from kubeplex.core.sources.manifests import ManifestSource, ManifestsUnavailable
-
-V4 = IPFamily.IPv4
-NODE = "node-a"
-
-_mtime = itertools.count(1_700_000_000)
-
-
-def write(path: Path, text: str) -> Path:
-    """Write a manifest with a fresh mtime, so poll() sees it even within one clock tick."""
-    path.write_text(text)
-    stamp = next(_mtime)
-    os.utime(path, (stamp, stamp))
-    return path
 
 
 def settled(source: ManifestSource) -> bool:
     """Poll until a change has settled (the source waits for a quiet folder); True if one
     was applied."""
     return any([source.poll() for _ in range(source.settle_polls + 1)])
-
-
-def spn(name: str, port: str = "http") -> ServicePortName:
-    return ServicePortName("prod", name, port)
-
-
-def service_yaml(name: str, ip: str, port: int = 80) -> str:
-    return dedent(f"""\
-        apiVersion: v1
-        kind: Service
-        metadata: {{name: {name}, namespace: prod}}
-        spec:
-          clusterIP: {ip}
-          ports: [{{name: http, port: {port}}}]
-        """)
-
-
-def slice_yaml(name: str, service: str, ip: str) -> str:
-    return dedent(f"""\
-        apiVersion: discovery.k8s.io/v1
-        kind: EndpointSlice
-        metadata:
-          name: {name}
-          namespace: prod
-          labels: {{kubernetes.io/service-name: {service}}}
-        addressType: IPv4
-        ports: [{{name: http, port: 8080}}]
-        endpoints:
-        - addresses: [{ip}]
-          nodeName: {NODE}
-        """)
 
 
 class Sink:
@@ -83,11 +37,6 @@ def sink() -> Sink:
 @pytest.fixture
 def cluster(sink: Sink) -> ClusterState:
     return ClusterState(NODE, families=(V4,), on_invalid=sink)
-
-
-def services(cluster: ClusterState) -> dict[ServicePortName, int]:
-    graph = cluster.checkout().graphs[V4]
-    return {name: port.port for name, port in graph.services.items()}
 
 
 def test_multi_document_list_and_unknown_kinds(tmp_path: Path, cluster: ClusterState) -> None:

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kits.manifests_kit import NODE, V4, service_yaml, services, slice_yaml, spn, write
 from kits.perm_kit import can_drop_dac, without_dac_override
-from test_manifests import NODE, V4, service_yaml, services, slice_yaml, spn, write
 
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.sources.manifests import ManifestSource

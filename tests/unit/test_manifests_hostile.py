@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from kits.cli_kit import LAB, kubeplex
 from kits.hostile_kit import HOSTILE, alias_bomb
-from test_manifests import NODE, V4, service_yaml, services, spn, write
+from kits.manifests_kit import NODE, V4, service_yaml, services, spn, write
 
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.sources import manifest_loader

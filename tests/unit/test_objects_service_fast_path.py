@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_objects_fast_paths import WEIRD, general, outcome, put
+from kits.fast_paths_kit import WEIRD, general, outcome, put
 
 from kubeplex.core.model import objects, objects_fast_paths
 from kubeplex.core.model.errors import InvalidObject

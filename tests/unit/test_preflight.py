@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import ClassVar
 
-from test_explain import SCENARIOS, Node
+from kits.explain_kit import SCENARIOS, Node
 
 from kubeplex.core.cli import preflight
 from kubeplex.core.dataplane import plugins
