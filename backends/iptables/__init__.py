@@ -15,7 +15,6 @@ import shutil
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from kubeplex.backends.iptables import metrics, names, readback
 from kubeplex.backends.iptables.prelude import prelude
@@ -77,7 +76,11 @@ def admits_loopback(addresses: tuple[str, ...]) -> bool:
     )
 
 
-class IptablesBackend(FamilyBackend[FamilyRenderer, IptablesRendered]):
+class IptablesBackend(
+    FamilyBackend[
+        FamilyRenderer, IptablesRendered, IptablesSeam, Observation, FamilySettings, FamilyPlan
+    ]
+):
     mode = "iptables"
     capabilities = frozenset(
         {"localhost-nodeports", "session-affinity", "sctp", "ipv6", "load-balancer-source-ranges"}
@@ -123,10 +126,12 @@ class IptablesBackend(FamilyBackend[FamilyRenderer, IptablesRendered]):
             return True
         return renderer.next_is_full(graph, state.changes[family])
 
-    def make_renderer(self, settings: Any) -> FamilyRenderer:
+    def make_renderer(self, settings: FamilySettings) -> FamilyRenderer:
         return FamilyRenderer(settings)
 
-    def family_settings(self, family: IPFamily, state: ProxyState, observed: Any) -> FamilySettings:
+    def family_settings(
+        self, family: IPFamily, state: ProxyState, observed: Observation | None
+    ) -> FamilySettings:
         seen = observed.get(family) if observed else None
         if seen is not None:
             self._addresses[family] = seen.addresses
@@ -151,7 +156,11 @@ class IptablesBackend(FamilyBackend[FamilyRenderer, IptablesRendered]):
         )
 
     def render_family(
-        self, renderer: FamilyRenderer, graph: ServiceGraph, changes: ChangeSet, observed: Any
+        self,
+        renderer: FamilyRenderer,
+        graph: ServiceGraph,
+        changes: ChangeSet,
+        observed: Observation | None,
     ) -> FamilyPlan:
         plan = renderer.render(graph, changes)
         seen = observed.get(plan.family) if observed else None
@@ -178,7 +187,7 @@ class IptablesBackend(FamilyBackend[FamilyRenderer, IptablesRendered]):
             )
         return plan
 
-    def combine(self, plans: list[Any]) -> IptablesRendered:
+    def combine(self, plans: list[FamilyPlan]) -> IptablesRendered:
         return IptablesRendered(plans)
 
     # --- apply ------------------------------------------------------------------------------

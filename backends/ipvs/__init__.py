@@ -145,7 +145,16 @@ def _kernel_release() -> tuple[int, ...]:
     return tuple(parts)
 
 
-class IpvsBackend(FamilyBackend[DesiredRenderer, IpvsBackendRendered]):
+class IpvsBackend(
+    FamilyBackend[
+        DesiredRenderer,
+        IpvsBackendRendered,
+        IpvsSeam,
+        IpvsObserved,
+        IpvsSettings,
+        tuple[FamilyPlan, Commit],
+    ]
+):
     """The kernel seam (``BackendContext.kernel``) is an ``IpvsSeam``."""
 
     mode = "ipvs"
@@ -281,16 +290,22 @@ class IpvsBackend(FamilyBackend[DesiredRenderer, IpvsBackendRendered]):
 
     # --- render -----------------------------------------------------------------------------
 
-    def make_renderer(self, settings: Any) -> DesiredRenderer:
+    def make_renderer(self, settings: IpvsSettings) -> DesiredRenderer:
         return DesiredRenderer(settings)
 
-    def family_settings(self, family: IPFamily, state: ProxyState, observed: Any) -> IpvsSettings:
+    def family_settings(
+        self, family: IPFamily, state: ProxyState, observed: IpvsObserved | None
+    ) -> IpvsSettings:
         if isinstance(observed, IpvsObserved) and observed.addresses is not None:
             self._addresses = observed.addresses
         return ipvs_settings(self.ctx.config, state.node, family, self._addresses)
 
     def render_family(
-        self, renderer: DesiredRenderer, graph: ServiceGraph, changes: ChangeSet, observed: Any
+        self,
+        renderer: DesiredRenderer,
+        graph: ServiceGraph,
+        changes: ChangeSet,
+        observed: IpvsObserved | None,
     ) -> tuple[FamilyPlan, Commit]:
         seen = observed if isinstance(observed, IpvsObserved) else None
         settings = renderer.settings
@@ -331,7 +346,7 @@ class IpvsBackend(FamilyBackend[DesiredRenderer, IpvsBackendRendered]):
             fplan = dataclasses.replace(fplan, iptables=rules.with_jumps(fplan.iptables, jumps))
         return fplan, Commit(fam, done.terminating, done.held, update.iptables, update)
 
-    def combine(self, plans: list[Any]) -> IpvsBackendRendered:
+    def combine(self, plans: list[tuple[FamilyPlan, Commit]]) -> IpvsBackendRendered:
         return IpvsBackendRendered(
             plans=tuple(p for p, _ in plans), commits=tuple(c for _, c in plans)
         )

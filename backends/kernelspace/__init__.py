@@ -12,7 +12,6 @@ import ipaddress
 import os
 import sys
 from collections.abc import Collection
-from typing import Any
 
 from kubeplex.backends.kernelspace.policies import (
     FamilyPlan,
@@ -55,7 +54,9 @@ def _port_of(address: str) -> int:
     return int(port) if port.isdigit() else 0
 
 
-class KernelspaceBackend(FamilyBackend[FamilyRenderer, KernelspaceRendered]):
+class KernelspaceBackend(
+    FamilyBackend[FamilyRenderer, KernelspaceRendered, None, None, FamilySettings, FamilyPlan]
+):
     """No kernel seam (``real_kernel`` is None): nothing is ever programmed."""
 
     mode = "kernelspace"
@@ -103,18 +104,20 @@ class KernelspaceBackend(FamilyBackend[FamilyRenderer, KernelspaceRendered]):
             ),
         )
 
-    def make_renderer(self, settings: Any) -> FamilyRenderer:
+    def make_renderer(self, settings: FamilySettings) -> FamilyRenderer:
         return FamilyRenderer(settings)
 
-    def family_settings(self, family: IPFamily, state: ProxyState, observed: Any) -> Any:
+    def family_settings(
+        self, family: IPFamily, state: ProxyState, observed: None
+    ) -> FamilySettings:
         return self.settings(family, state.node)
 
     def render_family(
-        self, renderer: FamilyRenderer, graph: ServiceGraph, changes: ChangeSet, observed: Any
+        self, renderer: FamilyRenderer, graph: ServiceGraph, changes: ChangeSet, observed: None
     ) -> FamilyPlan:
         return renderer.render(graph, changes)
 
-    def combine(self, plans: list[Any]) -> KernelspaceRendered:
+    def combine(self, plans: list[FamilyPlan]) -> KernelspaceRendered:
         return KernelspaceRendered(plans)
 
     # --- the node: Windows HNS only ---------------------------------------------------------

@@ -27,7 +27,6 @@ import ipaddress
 import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from kubeplex.backends.nftables import names
 from kubeplex.backends.nftables.kernel import NftKernel, NftSeam
@@ -148,7 +147,11 @@ class NftObserved:
     rules: Mapping[str, Mapping[str, Sequence[str]]] = field(default_factory=dict)
 
 
-class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
+class NftablesBackend(
+    FamilyBackend[
+        FamilyRenderer, NftablesRendered, NftSeam, NftObserved, FamilySettings, FamilyPlan
+    ]
+):
     """The kernel seam (``BackendContext.kernel``) is an ``NftSeam``."""
 
     mode = "nftables"
@@ -257,22 +260,28 @@ class NftablesBackend(FamilyBackend[FamilyRenderer, NftablesRendered]):
             service_cidrs=tuple(c for c in service_cidrs if family_of(c) is family),
         )
 
-    def make_renderer(self, settings: Any) -> FamilyRenderer:
+    def make_renderer(self, settings: FamilySettings) -> FamilyRenderer:
         return FamilyRenderer(settings)
 
-    def family_settings(self, family: IPFamily, state: ProxyState, observed: Any) -> Any:
+    def family_settings(
+        self, family: IPFamily, state: ProxyState, observed: NftObserved | None
+    ) -> FamilySettings:
         return self.settings(family, state.node, state.service_cidrs)
 
     def render_family(
-        self, renderer: FamilyRenderer, graph: ServiceGraph, changes: ChangeSet, observed: Any
+        self,
+        renderer: FamilyRenderer,
+        graph: ServiceGraph,
+        changes: ChangeSet,
+        observed: NftObserved | None,
     ) -> FamilyPlan:
         skip = observed.left_out.get(renderer.settings.family) if observed is not None else None
         return renderer.render(graph, changes, skip)
 
-    def combine(self, plans: list[Any]) -> NftablesRendered:
+    def combine(self, plans: list[FamilyPlan]) -> NftablesRendered:
         return NftablesRendered(plans)
 
-    def render(self, state: ProxyState, observed: Any = None) -> NftablesRendered:
+    def render(self, state: ProxyState, observed: NftObserved | None = None) -> NftablesRendered:
         """Without an observation: the families' transaction only (one per sync). With one
         (``observe``): also the leftovers to remove and the chains to repair, the pending
         chain deletions of earlier syncs (a first transaction), and the stages of a big first

@@ -39,7 +39,9 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, cast
+
+from typing_extensions import TypeVar
 
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
 from kubeplex.core.model.graph import ChangeSet, ProxyState, ServiceGraph
@@ -47,6 +49,20 @@ from kubeplex.core.model.types import IPFamily, ServicePortName
 
 #: The version of this contract; a plugin may check it (``kubeplex backends`` prints it).
 CONTRACT_VERSION = 2
+
+# The contract's type parameters. Those added in version 2 default to Any (PEP 696, from
+# typing_extensions until Python 3.13): the core, which handles every backend alike, names a
+# bare ``Backend``, and ``FamilyBackend[R, RenderedT]`` means what it meant; a plugin that
+# names its own types has its type checker hold its methods to them.
+
+#: The kernel seam a backend programs the kernel through.
+KernelT = TypeVar("KernelT", default=Any)
+#: What ``observe`` reads of the kernel for the next render.
+ObservedT = TypeVar("ObservedT", default=Any)
+#: What one IP family's rules depend on (``FamilyBackend.family_settings``).
+SettingsT = TypeVar("SettingsT", default=Any)
+#: One IP family's plan (``FamilyBackend.render_family``).
+PlanT = TypeVar("PlanT", default=Any)
 
 
 @dataclass(frozen=True)
@@ -58,9 +74,9 @@ class BackendContext:
     families: tuple[IPFamily, ...] = (IPFamily.IPv4, IPFamily.IPv6)
     #: Run every command inside this network namespace (``ip netns exec``); None: the host's.
     netns: str | None = None
-    #: The kernel seam (its type is the backend's; see its documentation). None: the
-    #: backend opens the node's real kernel (in ``netns``).
-    kernel: Any = None
+    #: The kernel seam (its type is the backend's ``KernelT``; see its documentation). None:
+    #: the backend opens the node's real kernel (in ``netns``).
+    kernel: object = None
 
 
 class Rendered(ABC):
@@ -221,8 +237,9 @@ class ProgrammedService:
 # --- the backend ----------------------------------------------------------------------------
 
 
-class Backend(ABC):
-    """Base class of every dataplane plugin."""
+class Backend(ABC, Generic[KernelT, ObservedT]):
+    """Base class of every dataplane plugin: ``Backend[KernelT, ObservedT]``, generic over
+    its kernel seam and what its ``observe`` returns."""
 
     #: The ``mode`` value that selects this backend.
     mode: str = ""
@@ -244,11 +261,14 @@ class Backend(ABC):
     def __init__(self, ctx: BackendContext) -> None:
         self.ctx = ctx
         #: The kernel seam (see ``BackendContext.kernel``).
-        self.kernel: Any = ctx.kernel if ctx.kernel is not None else self.real_kernel()
+        self.kernel: KernelT = (
+            cast(KernelT, ctx.kernel) if ctx.kernel is not None else self.real_kernel()
+        )
 
-    def real_kernel(self) -> Any:
-        """The node's real kernel seam, in ``ctx.netns`` (None: a render-only backend)."""
-        return None
+    def real_kernel(self) -> KernelT:
+        """The node's real kernel seam, in ``ctx.netns``. Default: None, for a render-only
+        backend (whose ``KernelT`` is None)."""
+        return cast(KernelT, None)
 
     def missing_requirements(self) -> list[str]:
         """What this node lacks for the backend to run (empty: ready)."""
@@ -264,15 +284,15 @@ class Backend(ABC):
         cfg = self.ctx.config.iptables
         return cfg.sync_period, cfg.min_sync_period
 
-    def prepare(self) -> None:  # noqa: B027 - optional hook
+    def prepare(self) -> None:
         """One-time node setup before the first apply (not called by ``kubeplex render``)."""
 
-    def observe(self, state: ProxyState) -> Any:
+    def observe(self, state: ProxyState) -> ObservedT | None:
         """What the next render of ``state`` needs to know of the kernel (None: nothing)."""
         return None
 
     @abstractmethod
-    def render(self, state: ProxyState, observed: Any = None) -> Rendered:
+    def render(self, state: ProxyState, observed: ObservedT | None = None) -> Rendered:
         """The whole plan for ``state`` (everything if any change set is full, else the
         changed services), given what ``observe`` found."""
 
@@ -286,7 +306,7 @@ class Backend(ABC):
         program the others and name the failing ones in ``SyncResult.failed``."""
         return self.apply(self.render(state, self.observe(state)))
 
-    def invalidate(self) -> None:  # noqa: B027 - optional hook
+    def invalidate(self) -> None:
         """Forget render caches: the next render is full (called after a failed apply)."""
 
     def cleanup(self, keep: Collection[str] = (), drain: bool = False) -> CleanupReport:
@@ -332,32 +352,34 @@ class Backend(ABC):
 # --- the shared per-family render loop ------------------------------------------------------
 
 
-class FamilyRenderer(Protocol):
+class FamilyRenderer(Protocol[SettingsT]):
     """What ``FamilyBackend`` needs of a backend's per-family renderer."""
 
-    settings: Any
+    settings: SettingsT
     #: Set to make the next render a full one.
     force_full: bool
 
     def invalidate(self) -> None: ...
 
 
-R = TypeVar("R", bound=FamilyRenderer)
+#: A backend's per-family renderer.
+R = TypeVar("R", bound=FamilyRenderer[Any])
+#: A backend's whole plan of a sync.
 RenderedT = TypeVar("RenderedT", bound=Rendered)
 
 
-class PerFamily(Generic[R]):
+class PerFamily(Generic[R, SettingsT]):
     """A backend's renderers, one per IP family, each with the settings it was made for.
 
     When a family's settings change (a node address, a config value the rules use), the
     renderer takes them and its next render is full: every cached rule may depend on them.
     """
 
-    def __init__(self, make: Callable[[Any], R]) -> None:
+    def __init__(self, make: Callable[[SettingsT], R]) -> None:
         self._make = make
         self._renderers: dict[IPFamily, R] = {}
 
-    def with_settings(self, family: IPFamily, settings: Any) -> R:
+    def with_settings(self, family: IPFamily, settings: SettingsT) -> R:
         r = self._renderers.get(family)
         if r is None:
             r = self._renderers[family] = self._make(settings)
@@ -383,8 +405,13 @@ class PerFamily(Generic[R]):
         self._renderers.clear()
 
 
-class FamilyBackend(Backend, Generic[R, RenderedT]):
-    """A backend that renders each IP family on its own, with one renderer per family.
+class FamilyBackend(
+    Backend[KernelT, ObservedT], Generic[R, RenderedT, KernelT, ObservedT, SettingsT, PlanT]
+):
+    """A backend that renders each IP family on its own, with one renderer per family:
+    ``FamilyBackend[R, RenderedT, KernelT, ObservedT, SettingsT, PlanT]``, generic over its
+    renderer and whole plan, its kernel seam and observation, and each family's settings and
+    plan.
 
     Subclasses give the renderer (``make_renderer``), each family's settings, how one family
     is rendered, and how the families' plans make one ``Rendered``; the loop over families
@@ -393,30 +420,32 @@ class FamilyBackend(Backend, Generic[R, RenderedT]):
 
     def __init__(self, ctx: BackendContext) -> None:
         super().__init__(ctx)
-        self.renderers: PerFamily[R] = PerFamily(self.make_renderer)
+        self.renderers: PerFamily[R, SettingsT] = PerFamily(self.make_renderer)
         self.render_seconds: dict[IPFamily, float] = {}
         self.write_seconds: dict[IPFamily, float] = {}
 
     @abstractmethod
-    def make_renderer(self, settings: Any) -> R:
+    def make_renderer(self, settings: SettingsT) -> R:
         """A new renderer of one family, for ``settings``."""
 
     @abstractmethod
-    def family_settings(self, family: IPFamily, state: ProxyState, observed: Any) -> Any:
+    def family_settings(
+        self, family: IPFamily, state: ProxyState, observed: ObservedT | None
+    ) -> SettingsT:
         """The settings the rules of ``family`` depend on (a change re-renders everything)."""
 
     @abstractmethod
     def render_family(
-        self, renderer: R, graph: ServiceGraph, changes: ChangeSet, observed: Any
-    ) -> Any:
+        self, renderer: R, graph: ServiceGraph, changes: ChangeSet, observed: ObservedT | None
+    ) -> PlanT:
         """One family's plan."""
 
     @abstractmethod
-    def combine(self, plans: list[Any]) -> RenderedT:
+    def combine(self, plans: list[PlanT]) -> RenderedT:
         """The families' plans as one ``Rendered``."""
 
-    def render(self, state: ProxyState, observed: Any = None) -> RenderedT:
-        plans = []
+    def render(self, state: ProxyState, observed: ObservedT | None = None) -> RenderedT:
+        plans: list[PlanT] = []
         seconds: dict[IPFamily, float] = {}
         self.write_seconds = {}  # the apply after this render fills it
         for family in self.ctx.families:

@@ -16,7 +16,7 @@ the old file stays if anything fails). The directory is ``directory`` in this ba
 (:attr:`RecordingBackend.applied_text`). ``cleanup`` deletes the file and forgets the state,
 and says so; ``leftovers`` names what is applied, ``inspect`` reads one service port back.
 
-It has no kernel seam (``Backend.kernel`` is None) and reads nothing before a render, so
+It has no kernel seam and reads nothing before a render (``Backend[None, None]``), so
 ``observe`` is the default (None) and ``render`` ignores the observation.
 """
 
@@ -110,7 +110,7 @@ def service_line(graph: ServiceGraph, spn: ServicePortName) -> str:
     )
 
 
-class RecordingBackend(Backend):
+class RecordingBackend(Backend[None, None]):
     mode = MODE
     capabilities = frozenset({"ipv6", "render-only"})
 
@@ -126,7 +126,7 @@ class RecordingBackend(Backend):
 
     # --- render: pure -----------------------------------------------------------------------
 
-    def render(self, state: ProxyState, observed: Any = None) -> RecordingRendered:
+    def render(self, state: ProxyState, observed: None = None) -> RecordingRendered:
         force, self._force_full = self._force_full, False
         families = []
         for family in self.ctx.families:
