@@ -1,6 +1,6 @@
 """The kernel suite's IPv4 cases: traffic outcomes in the namespace lab, and the kernel's own
 account of them through the contract (``inspect``, ``leftovers``, ``cleanup``, and a kernel
-seam whose ``writes`` refuse).
+seam whose ``writes`` refuse). Those run in each family are the IPv4 halves of families.py's.
 
 Every case gets a blank dataplane with fresh agents (``DataplaneCluster.reset``); a case that
 needs a capability runs only for a backend that declares it.
@@ -16,17 +16,22 @@ from typing import Any
 
 from kubeplex.core.dataplane.backend import CleanupReport
 from kubeplex.testing.conformance.common import Case, Skip, case, check
+from kubeplex.testing.conformance.families import (
+    CLUSTERIP_SPREAD,
+    HAIRPIN,
+    NODEPORT_CASES,
+    NODEPORT_LOCAL,
+    UDP,
+)
 from kubeplex.testing.conformance.seams import REFUSAL, Recorder, refusing, swapped
 from kubeplex.testing.conformance.traffic import (
-    CHI2_CRIT_2DOF_0001,
     NODEPORT,
+    V4,
     WEB,
     WEB_VIP,
     WEBS,
     all_ok,
     check_even_split,
-    chi2_even,
-    hosts,
     ip_of,
     leftovers,
     named_in,
@@ -42,8 +47,6 @@ from kubeplex.testing.netlab import (
     CLIENT_POD,
     EXTERNAL,
     NODE1,
-    NODE2,
-    UDP_PORT,
     WEB_A,
     WEB_B,
     WEB_C,
@@ -63,14 +66,6 @@ def check_none_left(agent: NodeAgent, gone: Iterable[str], live: Iterable[str]) 
     )
     stale = {o: named_in(o, lines) for o in gone if named_in(o, lines)}
     check(not stale, f"{agent.node}: objects that should be gone are still there: {stale}")
-
-
-def case_clusterip_spread(dc: DataplaneCluster) -> None:
-    synced(dc, *web(dc))
-    counts = tally(dc.lab.http(CLIENT_POD, WEB_VIP, 80, count=300))
-    check(sum(counts[w] for w in WEBS) == 300, f"not every request answered: {dict(counts)}")
-    chi2 = chi2_even(counts, WEBS, 300)
-    check(chi2 < CHI2_CRIT_2DOF_0001, f"not spread evenly (chi2 {chi2:.1f}): {dict(counts)}")
 
 
 def case_scale_up_and_down(dc: DataplaneCluster) -> None:
@@ -115,38 +110,6 @@ def case_no_endpoints_refused(dc: DataplaneCluster) -> None:
         check(r.outcome == "refused" and r.ms < 500, f"{vip}: expected a refusal, got {r}")
 
 
-def case_nodeport_cluster(dc: DataplaneCluster) -> None:
-    synced(dc, *web(dc, type="NodePort", node_port=NODEPORT))
-    node1_ip, node2_ip = ip_of(dc, NODE1), ip_of(dc, NODE2)
-    from_external = dc.lab.http(EXTERNAL, node1_ip, NODEPORT, count=12)
-    check(all_ok(from_external), f"NodePort from the external host: {tally(from_external)}")
-    check(set(tally(from_external)) <= set(WEBS), f"non-endpoints: {tally(from_external)}")
-    check({WEB_B, WEB_C} & set(tally(from_external)), "never forwarded to the other node")
-    check(all_ok(dc.lab.http(EXTERNAL, node2_ip, NODEPORT, count=6)), "via kind-worker2")
-    from_node2 = dc.lab.http(NODE2, node1_ip, NODEPORT, count=6)
-    check(all_ok(from_node2), f"NodePort from the other node: {tally(from_node2)}")
-    # Cluster policy masquerades: the pods never see the external client's address.
-    seen = dc.lab.http(EXTERNAL, node1_ip, NODEPORT, "/clientip", count=6)
-    check(all_ok(seen), f"/clientip through the NodePort: {seen}")
-    check(ip_of(dc, EXTERNAL) not in hosts(seen), f"not masqueraded: {hosts(seen)}")
-
-
-def case_nodeport_local(dc: DataplaneCluster) -> None:
-    # The only endpoint is web-a on kind-worker: kind-worker2 has no local endpoint.
-    synced(
-        dc,
-        *web(dc, (WEB_A,), type="NodePort", node_port=NODEPORT, external_traffic_policy="Local"),
-    )
-    node1_ip, node2_ip = ip_of(dc, NODE1), ip_of(dc, NODE2)
-    seen = dc.lab.http(EXTERNAL, node1_ip, NODEPORT, "/clientip", count=3)
-    check(all_ok(seen) and hosts(seen) == {ip_of(dc, EXTERNAL)}, f"client IP not kept: {seen}")
-    [dropped] = dc.lab.http(EXTERNAL, node2_ip, NODEPORT, timeout=1.0)
-    check(dropped.outcome == "timeout", f"no local endpoint: dropped, not {dropped}")
-    # The node with the endpoint still answers after the other one dropped.
-    after = tally(dc.lab.http(EXTERNAL, node1_ip, NODEPORT, count=2))
-    check(after == {WEB_A: 2}, f"the node with the endpoint, after the drop: {dict(after)}")
-
-
 def case_session_affinity(dc: DataplaneCluster) -> None:
     synced(dc, *web(dc, session_affinity="ClientIP", affinity_timeout=60))
     counts = tally(dc.lab.http(CLIENT_POD, WEB_VIP, 80, count=30))
@@ -160,19 +123,6 @@ def case_session_affinity(dc: DataplaneCluster) -> None:
             programmed.affinity_seconds == 60,
             f"inspect() says affinity {programmed.affinity_seconds} s, the Service 60 s",
         )
-
-
-def case_hairpin(dc: DataplaneCluster) -> None:
-    synced(dc, *web(dc, (WEB_A,), name="self", vip="10.96.0.20"))
-    counts = tally(dc.lab.http(WEB_A, "10.96.0.20", 80, count=3))
-    check(counts == {WEB_A: 3}, f"a pod through its own Service: {dict(counts)}")
-    seen = dc.lab.http(WEB_A, "10.96.0.20", 80, "/clientip", count=3)
-    # Masqueraded: with its own address as source, the reply would never be un-NATed.
-    check(all_ok(seen), f"hairpin /clientip failed: {seen}")
-    check(ip_of(dc, WEB_A) not in hosts(seen), "hairpin traffic was not masqueraded")
-    programmed = view(dc.agent(NODE1), spn("self"))
-    if programmed is not None:
-        check(programmed.masquerade, "inspect() says hairpin traffic is not masqueraded")
 
 
 def case_internal_local(dc: DataplaneCluster) -> None:
@@ -203,18 +153,6 @@ def case_conntrack_dnat_tuple(dc: DataplaneCluster) -> None:
     # The original tuple goes to the ClusterIP, the expected reply comes from the chosen pod.
     check(replies and replies <= {ip_of(dc, w) for w in WEBS}, f"conntrack: {out}")
     check(ip_of(dc, r.body or "") in replies, f"the answering pod is not in conntrack: {out}")
-
-
-def case_udp(dc: DataplaneCluster) -> None:
-    synced(
-        dc,
-        service("dns", "10.96.0.10", 53, target_port=UDP_PORT, protocol="UDP"),
-        endpoint_slice("dns", dc.endpoints(*WEBS), port=UDP_PORT, protocol="UDP"),
-    )
-    counts = tally(dc.lab.udp(CLIENT_POD, "10.96.0.10", 53, count=9))
-    check(set(counts) <= set(WEBS) and sum(counts.values()) == 9, f"UDP: {dict(counts)}")
-    seen = dc.lab.udp(CLIENT_POD, "10.96.0.10", 53, payload="clientip", count=3)
-    check(all_ok(seen) and hosts(seen) == {ip_of(dc, CLIENT_POD)}, f"UDP client IP: {seen}")
 
 
 LB_IP = "192.0.2.10"
@@ -360,18 +298,18 @@ def case_unused_clusterip_port_refused(dc: DataplaneCluster) -> None:
 
 K = "kernel"
 IPV4_CASES: tuple[Case, ...] = (
-    case(K, "clusterip-spread", "ClusterIP spreads evenly (chi-square)", case_clusterip_spread),
+    CLUSTERIP_SPREAD[V4],
     case(K, "scale-up-down", "3 -> 4 -> 3 endpoints, even split", case_scale_up_and_down),
     case(K, "no-endpoints-refused", "no (ready) endpoints: refused", case_no_endpoints_refused),
-    case(K, "nodeport", "NodePort from another node and outside", case_nodeport_cluster),
-    case(K, "nodeport-local", "Local policy: client IP, drop if none", case_nodeport_local),
+    NODEPORT_CASES[V4],
+    NODEPORT_LOCAL[V4],
     case(
         K, "session-affinity", "ClientIP affinity sticks", case_session_affinity, "session-affinity"
     ),
-    case(K, "hairpin", "a pod reaches itself, masqueraded", case_hairpin),
+    HAIRPIN[V4],
     case(K, "internal-local", "internalTrafficPolicy Local", case_internal_local),
     case(K, "conntrack-dnat", "conntrack holds the DNAT tuple", case_conntrack_dnat_tuple),
-    case(K, "udp", "UDP through a ClusterIP, client IP kept", case_udp),
+    UDP[V4],
     case(K, "loadbalancer-ip", "LoadBalancer IP from outside", case_load_balancer_ip),
     case(
         K,
