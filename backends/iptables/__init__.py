@@ -12,7 +12,6 @@ from __future__ import annotations
 import ipaddress
 import logging
 import shutil
-import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -31,18 +30,15 @@ from kubeplex.backends.netfilter.nodeports import node_port_ips
 from kubeplex.backends.netfilter.rollback import Before, restore_all
 from kubeplex.core.config.localdetect import local_detector
 from kubeplex.core.dataplane.backend import (
+    Applied,
     BackendContext,
     CleanupReport,
     FamilyBackend,
     MetricFamily,
     NoLocalEndpoints,
     ProgrammedService,
-    Rendered,
-    RuleDrift,
     Sample,
-    SyncResult,
 )
-from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.graph import ChangeSet, ProxyState, ServiceGraph
 from kubeplex.core.model.types import IPFamily, ServicePortName, family_of
 
@@ -199,70 +195,40 @@ class IptablesBackend(
         self._nfacct = self.kernel.ensure_nfacct(NFACCT_COUNTERS)
         self._prepared = True
 
-    def apply(self, rendered: Rendered) -> SyncResult:
-        """Each family all or nothing, and independent: one family's failure leaves its
-        previous rules and does not keep the other family from being written."""
-        assert isinstance(rendered, IptablesRendered)
-        counts = {"rules": 0, "chains_deleted": 0, "restores": 0}
-        errors: dict[str, str] = {}
-        failed: dict[IPFamily, str] = {}
-        samples: list[Sample] = []
-        no_local: dict[IPFamily, NoLocalEndpoints] = {}
-        repaired: list[RuleDrift] = []
-        for plan in rendered.plans:
-            try:
-                if self._apply_plan(plan):
-                    repaired += plan.repaired
-                    self._account(plan, counts, samples)
-                    no_local[plan.family] = NoLocalEndpoints(
-                        plan.no_local_endpoints.get("internal", 0),
-                        plan.no_local_endpoints.get("external", 0),
-                    )
-                    errors.update(plan.errors)
-            except BackendError as err:
-                self.renderers[plan.family].invalidate()
-                failed[plan.family] = f"{plan.family.value}: {err}"
-        if failed:
-            for svc, why in errors.items():
-                log.error("service %s not programmed: %s", svc, why)
-            raise BackendError("; ".join(failed.values()), families=tuple(failed))
-        # The Proxier logs these; their last good rules stay until they render again.
-        return SyncResult(
-            full=rendered.full,
-            counts=counts,
-            failed=errors,
-            no_local_endpoints=no_local,
-            samples=tuple(samples),
-            repaired=tuple(repaired),
-        )
+    def family_plans(self, rendered: IptablesRendered) -> list[tuple[IPFamily, FamilyPlan]]:
+        return [(plan.family, plan) for plan in rendered.plans]
 
-    def _apply_plan(self, plan: FamilyPlan) -> bool:
-        """Write one family's plan; False if there was nothing to write."""
-        started = time.perf_counter()
-        try:
-            return self._write_plan(plan)
-        finally:
-            self.write_seconds[plan.family] = time.perf_counter() - started
-
-    def _write_plan(self, plan: FamilyPlan) -> bool:
+    def apply_family(self, family: IPFamily, plan: FamilyPlan) -> Applied | None:
+        """One family all or nothing (``restore_all``); the other family's write does not
+        depend on it."""
         for key, value in plan.sysctls:
             self.kernel.sysctl(key, value)
         inputs = plan.inputs()
         if inputs:
-            restore_all(self.kernel, plan.family, inputs, plan.before)
-        self.renderers[plan.family].commit(plan)
-        return bool(inputs)
-
-    def _account(self, plan: FamilyPlan, counts: dict[str, int], samples: list[Sample]) -> None:
-        renderer = self.renderers[plan.family]
-        fam = plan.family.value
-        counts["restores"] += 1
+            restore_all(self.kernel, family, inputs, plan.before)
+        renderer = self.renderers[family]
+        renderer.commit(plan)
+        if not inputs:
+            return None
+        samples = []
         for table, written in (("filter", plan.filter), ("nat", plan.nat)):
             total, last = renderer.rules_owned[table], sum(map(len, written.values()))
-            samples.append(Sample(metrics.IPTABLES_TOTAL, (fam, table), total))
-            samples.append(Sample(metrics.IPTABLES_LAST, (fam, table), last))
-        counts["rules"] += plan.rule_count
-        counts["chains_deleted"] += len(plan.delete)
+            samples.append(Sample(metrics.IPTABLES_TOTAL, (family.value, table), total))
+            samples.append(Sample(metrics.IPTABLES_LAST, (family.value, table), last))
+        return Applied(
+            counts={
+                "rules": plan.rule_count,
+                "chains_deleted": len(plan.delete),
+                "restores": 1,
+            },
+            failed=plan.errors,
+            no_local_endpoints=NoLocalEndpoints(
+                plan.no_local_endpoints.get("internal", 0),
+                plan.no_local_endpoints.get("external", 0),
+            ),
+            samples=tuple(samples),
+            repaired=tuple(plan.repaired),
+        )
 
     # --- beside the sync path ---------------------------------------------------------------
 

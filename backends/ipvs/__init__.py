@@ -49,16 +49,14 @@ from kubeplex.backends.netfilter.artifacts import find as find_chains
 from kubeplex.backends.netfilter.artifacts import jump_line, removal, rule_target
 from kubeplex.backends.netfilter.iptables import SavedRuleset
 from kubeplex.core.dataplane.backend import (
+    Applied,
     BackendContext,
     CleanupReport,
     EndpointView,
     FamilyBackend,
     MetricEvent,
     MetricFamily,
-    NoLocalEndpoints,
     ProgrammedService,
-    Rendered,
-    SyncResult,
 )
 from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.expectations import LOCAL_POLICY_FALLBACK
@@ -353,35 +351,31 @@ class IpvsBackend(
 
     # --- apply ------------------------------------------------------------------------------
 
-    def apply(self, rendered: Rendered) -> SyncResult:
-        """Each family on its own: creations, the rules, removals. A refusal fails the
-        family's sync (what was sent before it stays) and makes its next render full."""
-        assert isinstance(rendered, IpvsBackendRendered)
-        counts: dict[str, int] = {"requests": 0, "operations": 0, "restores": 0}
-        failed: dict[IPFamily, str] = {}
-        errors: dict[str, str] = {}
-        no_local: dict[IPFamily, NoLocalEndpoints] = {}
-        for fplan, commit in zip(rendered.plans, rendered.commits, strict=True):
-            fam = fplan.family
-            try:
-                counts["requests"] += self._send(fam, fplan.before)
-                if fplan.iptables is not None:
-                    self.kernel.restore(fam, fplan.iptables)
-                    counts["restores"] += 1
-                counts["requests"] += self._send(fam, fplan.after)
-            except BackendError as err:
-                self._forget(fam)
-                failed[fam] = f"{fam.value}: {err}"
-                continue
-            self._commit(fplan, commit)
-            counts["operations"] += len(fplan.before) + len(fplan.after)
-            errors.update(commit.update.errors)
-            no_local[fam] = commit.update.no_local_endpoints
-        if failed:
-            raise BackendError("; ".join(failed.values()), families=tuple(failed))
-        counts["services_failed"] = len(errors)
-        return SyncResult(
-            full=rendered.full, counts=counts, failed=errors, no_local_endpoints=no_local
+    def family_plans(
+        self, rendered: IpvsBackendRendered
+    ) -> list[tuple[IPFamily, tuple[FamilyPlan, Commit]]]:
+        return [
+            (fplan.family, (fplan, commit))
+            for fplan, commit in zip(rendered.plans, rendered.commits, strict=True)
+        ]
+
+    def apply_family(self, family: IPFamily, plan: tuple[FamilyPlan, Commit]) -> Applied:
+        """Creations, the rules, removals. A refusal fails the family's sync (what was sent
+        before it stays)."""
+        fplan, commit = plan
+        requests = self._send(family, fplan.before)
+        if fplan.iptables is not None:
+            self.kernel.restore(family, fplan.iptables)
+        requests += self._send(family, fplan.after)
+        self._commit(fplan, commit)
+        return Applied(
+            counts={
+                "requests": requests,
+                "operations": len(fplan.before) + len(fplan.after),
+                "restores": int(fplan.iptables is not None),
+            },
+            failed=commit.update.errors,
+            no_local_endpoints=commit.update.no_local_endpoints,
         )
 
     def _send(self, family: IPFamily, ops: Sequence[Op]) -> int:
@@ -396,12 +390,11 @@ class IpvsBackend(
         self._terminating[fam] = commit.terminating
         self._rules[fam] = commit.rules_text
 
-    def _forget(self, family: IPFamily) -> None:
+    def forget_family(self, family: IPFamily) -> None:
         """After a refusal: nothing of what we kept is to be trusted; the next sync is full."""
         self._held.pop(family, None)
         self._rules.pop(family, None)
-        if family in self.renderers:
-            self.renderers[family].invalidate()
+        super().forget_family(family)
 
     def invalidate(self) -> None:
         super().invalidate()

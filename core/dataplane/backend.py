@@ -34,6 +34,7 @@ through the ``kubeplex.backends`` entry-point group, so the core imports none of
 from __future__ import annotations
 
 import enum
+import logging
 import shutil
 import time
 from abc import ABC, abstractmethod
@@ -44,8 +45,11 @@ from typing import Any, Generic, Literal, Protocol, cast
 from typing_extensions import TypeVar
 
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
+from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.graph import ChangeSet, ProxyState, ServiceGraph
 from kubeplex.core.model.types import IPFamily, ServicePortName
+
+log = logging.getLogger(__name__)
 
 #: The version of this contract; a plugin may check it (``kubeplex backends`` prints it).
 CONTRACT_VERSION = 2
@@ -178,6 +182,20 @@ class SyncResult:
     samples: tuple[Sample, ...] = ()
     #: Rules of the mode's own chains that differed from what it last wrote (someone else
     #: changed them) and that this sync wrote again.
+    repaired: tuple[RuleDrift, ...] = ()
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What one part of an apply adds to the sync's ``SyncResult`` (see ``FamilyBackend``):
+    one IP family's plan, or what is sent for every family at once."""
+
+    counts: Mapping[str, int] = field(default_factory=dict)
+    #: Services of the family left out, with the reason (``SyncResult.failed``).
+    failed: Mapping[str, str] = field(default_factory=dict)
+    #: The family's Services without a local endpoint (None: computed from the graph).
+    no_local_endpoints: NoLocalEndpoints | None = None
+    samples: tuple[Sample, ...] = ()
     repaired: tuple[RuleDrift, ...] = ()
 
 
@@ -415,7 +433,10 @@ class FamilyBackend(
 
     Subclasses give the renderer (``make_renderer``), each family's settings, how one family
     is rendered, and how the families' plans make one ``Rendered``; the loop over families
-    and ``invalidate`` are here, once.
+    and ``invalidate`` are here, once. So is ``apply``'s loop, for a subclass that gives
+    ``family_plans`` and ``apply_family`` (and ``apply_whole`` if it writes every family at
+    once): each family is applied on its own, and one the kernel refuses does not keep the
+    others from being written.
     """
 
     def __init__(self, ctx: BackendContext) -> None:
@@ -463,3 +484,70 @@ class FamilyBackend(
     def invalidate(self) -> None:
         for r in self.renderers:
             r.invalidate()
+
+    # --- the shared apply loop ------------------------------------------------------------
+
+    def family_plans(self, rendered: RenderedT) -> Sequence[tuple[IPFamily, PlanT]]:
+        """The families' plans in ``rendered``, each with its family, in apply order."""
+        raise NotImplementedError(f"{type(self).__name__} gives no family_plans")
+
+    def apply_whole(self, rendered: RenderedT) -> Applied:
+        """What is sent for every family at once, before each family's ``apply_family`` (one
+        transaction, say); a BackendError fails the whole sync. Default: nothing."""
+        return Applied()
+
+    def apply_family(self, family: IPFamily, plan: PlanT) -> Applied | None:
+        """Write one family's plan and keep what it left (the renderer's record); None if
+        there was nothing to write. A BackendError fails this family only."""
+        raise NotImplementedError(f"{type(self).__name__} gives no apply_family")
+
+    def forget_family(self, family: IPFamily) -> None:
+        """After the kernel refused ``family``'s plan: nothing kept of it is to be trusted;
+        its next render is full."""
+        renderer = self.renderers.get(family)
+        if renderer is not None:
+            renderer.invalidate()
+
+    def apply(self, rendered: Rendered) -> SyncResult:
+        """``apply_whole``, then each family's plan on its own (its write timed as the
+        family's): a refused family keeps its previous rules and is forgotten
+        (``forget_family``), and the others are still written; the sync then fails, naming
+        the refused families."""
+        mine = cast(RenderedT, rendered)  # (what this backend's render returned)
+        parts = [self.apply_whole(mine)]
+        no_local: dict[IPFamily, NoLocalEndpoints] = {}
+        refused: dict[IPFamily, str] = {}
+        for family, plan in self.family_plans(mine):
+            started = time.perf_counter()
+            try:
+                part = self.apply_family(family, plan)
+            except BackendError as err:
+                self.forget_family(family)
+                refused[family] = f"{family.value}: {err}"
+                continue
+            finally:
+                self.write_seconds[family] = time.perf_counter() - started
+            if part is not None:
+                parts.append(part)
+                if part.no_local_endpoints is not None:
+                    no_local[family] = part.no_local_endpoints
+        failed = {svc: why for part in parts for svc, why in part.failed.items()}
+        if refused:
+            for svc, why in failed.items():
+                log.error("service %s not programmed: %s", svc, why)
+            raise BackendError("; ".join(refused.values()), families=tuple(refused))
+        counts: dict[str, int] = {}
+        for part in parts:
+            for key, n in part.counts.items():
+                counts[key] = counts.get(key, 0) + n
+        counts["services_failed"] = len(failed)
+        # The Proxier logs the failed services; their last good rules stay until they
+        # render again.
+        return SyncResult(
+            full=rendered.full,
+            counts=counts,
+            failed=failed,
+            no_local_endpoints=no_local,
+            samples=tuple(s for part in parts for s in part.samples),
+            repaired=tuple(d for part in parts for d in part.repaired),
+        )

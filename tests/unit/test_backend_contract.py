@@ -6,19 +6,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from kits.render_kit import config, endpoint_slice, ep, port, service
 
 from kubeplex.core.dataplane.backend import (
     CONTRACT_VERSION,
+    Applied,
     Backend,
     BackendContext,
     CleanupReport,
     FamilyBackend,
+    NoLocalEndpoints,
     PerFamily,
     Rendered,
+    RuleDrift,
+    Sample,
     SyncResult,
 )
 from kubeplex.core.model.cluster import ClusterState
+from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.graph import ChangeSet, ProxyState, ServiceGraph
 from kubeplex.core.model.types import IPFamily, ServicePortName
 
@@ -181,3 +187,67 @@ def test_invalidate_reaches_every_renderer_once_and_clear_forgets_them() -> None
     renderers: PerFamily[Renderer] = b.renderers
     renderers.clear()
     assert list(renderers) == [] and V4 not in renderers
+
+
+class PerFamilyWrites(PerFamilyText):
+    """The shared apply loop: one write per family (a family named in ``refuse`` is refused
+    by its "kernel"), after one write for both."""
+
+    def __init__(self, ctx: BackendContext, refuse: tuple[IPFamily, ...] = ()) -> None:
+        self.refuse = refuse
+        self.written: list[str] = []
+        self.forgotten: list[IPFamily] = []
+        super().__init__(ctx)
+
+    def family_plans(self, rendered: Text) -> list[tuple[IPFamily, str]]:
+        return [(V6 if line.startswith("IPv6") else V4, line) for line in rendered.lines]
+
+    def apply_whole(self, rendered: Text) -> Applied:
+        self.written.append("both")
+        return Applied(counts={"transactions": 1}, samples=(Sample("whole", (), 1.0),))
+
+    def apply_family(self, family: IPFamily, plan: str) -> Applied | None:
+        if family in self.refuse:
+            raise BackendError(f"{family.value} refused")
+        self.written.append(plan.split()[0])
+        drift = RuleDrift("KUBE-SVC-X", "extra", found=f"-A {family.value}")
+        return Applied(
+            counts={"transactions": 1, "rules": 2},
+            failed={f"default/{family.value}:p": "no"},
+            no_local_endpoints=NoLocalEndpoints(internal=1),
+            samples=(Sample("rules", (family.value,), 2.0),),
+            repaired=(drift,),
+        )
+
+    def forget_family(self, family: IPFamily) -> None:
+        self.forgotten.append(family)
+        super().forget_family(family)
+
+    apply = FamilyBackend.apply  # (PerFamilyText's own apply writes nothing)
+
+
+def test_the_shared_apply_loop_writes_each_family_and_sums_what_they_did() -> None:
+    b = PerFamilyWrites(BackendContext(config({}), NODE, (V4, V6)))
+    result = b.apply(b.render(state((V4, V6)).checkout(full=True)))
+    assert b.written == ["both", "IPv4", "IPv6"]
+    assert result.full
+    assert result.counts == {"transactions": 3, "rules": 4, "services_failed": 2}
+    assert result.failed == {"default/IPv4:p": "no", "default/IPv6:p": "no"}
+    assert result.no_local_endpoints == {V4: NoLocalEndpoints(1), V6: NoLocalEndpoints(1)}
+    assert [s.family for s in result.samples] == ["whole", "rules", "rules"]
+    assert [d.found for d in result.repaired] == ["-A IPv4", "-A IPv6"]
+    assert set(b.write_seconds) == {V4, V6}
+
+
+def test_a_refused_family_fails_alone_and_is_rendered_in_full_next() -> None:
+    b = PerFamilyWrites(BackendContext(config({}), NODE, (V4, V6)), refuse=(V4,))
+    cluster = state((V4, V6))
+    with pytest.raises(BackendError) as err:
+        b.apply(b.render(cluster.checkout(full=True)))
+    assert err.value.families == (V4,) and str(err.value) == "IPv4: IPv4 refused"
+    assert b.written == ["both", "IPv6"]  # the other family was written all the same
+    assert b.forgotten == [V4]
+    assert [line.split()[:2] for line in b.render(cluster.checkout()).lines] == [
+        ["IPv4", "full"],
+        ["IPv6", "partial"],
+    ]
