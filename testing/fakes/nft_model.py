@@ -113,6 +113,8 @@ class NftSet:
     size: int | None = None
     comment: str | None = None
     elements: dict[str, Element] = field(default_factory=dict)
+    #: The size is the one nft gives a set that rules add to, not a declared one.
+    size_from_rule: bool = False
 
     def copy(self) -> NftSet:
         return NftSet(
@@ -124,6 +126,7 @@ class NftSet:
             self.size,
             self.comment,
             dict(self.elements),
+            self.size_from_rule,
         )
 
     @property

@@ -40,6 +40,8 @@ Usage::
     assert "accept" in nft.list("list chain ip t c")
     nft.run("delete chain ip t nothing\\n")  # BackendError: No such file or directory
     assert nft.inputs() == [...]  # every transaction received, refused ones too
+    assert nft.applied() == [...]  # those applied
+    nft.dump("ip", "t")  # the table as "add" commands, as knftables' fake dumps it
 
 Pass it as ``BackendContext(kernel=FakeNftables())`` to a backend whose seam is ``NftSeam``
 (the nftables mode).
@@ -310,6 +312,7 @@ class _Transaction:
             s = t.sets[used]
             if s.size is None:
                 s.size = DYNSET_SIZE  # what nft gives a set that rules add to
+                s.size_from_rule = True
         rule = Rule(self.fake.next_handle(), text)
         if verb == "insert":
             chain.rules.insert(0, rule)
@@ -587,5 +590,51 @@ class FakeNftables:
         refused ones included."""
         return [text for text, _ in self.log]
 
+    def applied(self) -> builtins.list[str]:
+        """Every transaction applied, in order (the refused ones left out)."""
+        return [text for text, refused in self.log if not refused]
+
     def table(self, family: str, name: str) -> Table | None:
         return self.tables.get((family, name))
+
+    def dump(self, family: str, name: str) -> str:
+        """Table ``family name`` as the ``add`` commands that would make it again, one per
+        object, rule and element, in the format of knftables' fake ``Dump`` (what upstream's
+        tests compare); "" if there is no such table. Rules and elements in their order; a
+        base chain's priority as a number; a set's size only where it was declared."""
+        t = self.tables.get((family, name))
+        if t is None:
+            return ""
+        head = f"{family} {name}"
+        out = [f"add table {head}{_spec([_comment(t.comment)])}"]
+        for cname, c in t.chains.items():
+            parts = [_comment(c.comment)]
+            if c.base is not None:
+                kind, hook, prio = c.base
+                policy = f"policy {c.policy}" if c.policy != "accept" else None
+                parts = [f"type {kind} hook {hook} priority {prio}", policy, *parts]
+            out.append(f"add chain {head} {cname}{_spec(parts)}")
+        for sname, s in t.sets.items():
+            parts = [
+                f"type {s.type_text}",
+                f"flags {','.join(s.flags)}" if s.flags else None,
+                f"timeout {s.timeout}s" if s.timeout is not None else None,
+                f"size {s.size}" if s.size is not None and not s.size_from_rule else None,
+                _comment(s.comment),
+            ]
+            out.append(f"add {s.kind} {head} {sname}{_spec(parts)}")
+        for cname, c in t.chains.items():
+            out += [f"add rule {head} {cname} {r.text}" for r in c.rules]
+        for sname, s in t.sets.items():
+            out += [f"add element {head} {sname} {{ {e.text(k)} }}" for k, e in s.elements.items()]
+        return "\n".join(out) + "\n"
+
+
+def _comment(text: str | None) -> str | None:
+    return f'comment "{text}"' if text is not None else None
+
+
+def _spec(parts: Sequence[str | None]) -> str:
+    """`` { a ; b ; }`` of the parts given, or "" if none is."""
+    given = [p for p in parts if p is not None]
+    return f" {{ {' ; '.join(given)} ; }}" if given else ""

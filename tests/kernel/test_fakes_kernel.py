@@ -153,3 +153,12 @@ def test_fake_nftables_does_what_nft_does(netns: str) -> None:
             want = parse_table(real_table).sets.get(name)
             got = parse_table(fake.list(f"list table {family} kube-proxy")).sets.get(name)
             assert (got and sorted(got.elements)) == (want and sorted(want.elements)), name
+
+
+@pytest.mark.kernel
+def test_fake_nftables_dump_makes_the_same_table_in_nft(netns: str) -> None:
+    fake = FakeNftables()
+    fake.run(SETUP)
+    assert _run(netns, ["nft", "-f", "-"], fake.dump("ip", "kube-proxy"))
+    listed = ["ip", "netns", "exec", netns, "nft", "list", "table", "ip", "kube-proxy"]
+    assert subprocess.run(listed, capture_output=True, text=True, check=True).stdout == SETUP_LISTED

@@ -284,6 +284,39 @@ def test_nft_listing_is_what_the_backend_parses() -> None:
     assert table.sets["aff"].timeout == 10800
 
 
+def test_nft_dump_is_the_add_commands_that_make_the_table_again() -> None:
+    nft = FakeNftables()
+    nft.run(SETUP)
+    dump = nft.dump("ip", "kube-proxy")
+    # One line per object, rule and element, as written (the set rules add to gets no size).
+    assert sorted(dump.splitlines()) == sorted(line for line in SETUP.splitlines() if line)
+    again = FakeNftables()
+    again.run(dump)
+    assert again.list(f"list table {T}") == SETUP_LISTED
+    assert nft.dump("ip6", "kube-proxy") == ""
+
+
+def test_nft_dump_keeps_a_declared_size_and_a_base_chain_policy() -> None:
+    nft = FakeNftables()
+    nft.run(
+        f"add table {T}\nadd set {T} s {{ type ipv4_addr ; size 100 ; }}\n"
+        f"add chain {T} in {{ type filter hook input priority filter + 5 ; policy drop ; }}\n"
+    )
+    assert nft.dump("ip", "kube-proxy").splitlines()[1:] == [
+        f"add chain {T} in {{ type filter hook input priority 5 ; policy drop ; }}",
+        f"add set {T} s {{ type ipv4_addr ; size 100 ; }}",
+    ]
+
+
+def test_nft_applied_leaves_out_refused_transactions() -> None:
+    nft = FakeNftables()
+    nft.run(SETUP)
+    nft_refused(nft, f"flush chain {T} ghost\n")
+    nft.run(f"add chain {T} more\n")
+    assert nft.applied() == [SETUP, f"add chain {T} more\n"]
+    assert len(nft.inputs()) == 3
+
+
 def test_nft_a_transaction_with_one_bad_line_applies_nothing() -> None:
     nft = FakeNftables()
     message = nft_refused(
