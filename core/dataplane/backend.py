@@ -16,7 +16,8 @@ A backend is three steps, and ``sync`` runs them in order:
   the backend's next render must be a full one.
 
 The kernel seam is passed in: ``BackendContext.kernel`` is the object a backend programs the
-kernel through (each backend documents its type; ``kubeplex.testing.fakes`` has in-memory
+kernel through (its type is the backend's ``KernelT``: ``Backend[KernelT, ObservedT]`` is
+generic over it and over what ``observe`` returns; ``kubeplex.testing.fakes`` has in-memory
 ones). None makes the backend open the node's real kernel (``real_kernel``), inside
 ``BackendContext.netns`` if set. A seam names the methods through which ``apply`` writes in
 its ``writes`` class attribute: the conformance kit makes them fail to test a refused apply.
