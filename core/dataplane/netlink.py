@@ -68,10 +68,13 @@ NetlinkBuffer = bytes | bytearray | memoryview
 # --- encoding -----------------------------------------------------------------------------
 
 
+_nla = NLA.pack  # (bound once: attributes are packed by the ten thousand)
+
+
 def attr(kind: int, payload: bytes) -> bytes:
     """One attribute, padded to 4 bytes (its length says the unpadded size)."""
     size = 4 + len(payload)
-    return NLA.pack(size, kind) + payload + PAD[size & 3]
+    return _nla(size, kind) + payload + PAD[size & 3]
 
 
 def nested(kind: int, *parts: bytes) -> bytes:
