@@ -29,6 +29,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kubeplex.backends.nftables import names
+from kubeplex.backends.nftables.fingerprints import ChainRecords
 from kubeplex.backends.nftables.kernel import NftKernel, NftSeam
 from kubeplex.backends.nftables.listing import (
     TableObjects,
@@ -36,6 +37,7 @@ from kubeplex.backends.nftables.listing import (
     listing_commands,
     parse_listing,
     parse_table,
+    rendered_chains,
 )
 from kubeplex.backends.nftables.render import FamilyPlan, FamilyRenderer, NftablesRendered
 from kubeplex.backends.nftables.rules import FamilySettings, go_hex_mark
@@ -128,6 +130,13 @@ def _ip(family: IPFamily) -> str:
     return "ip6" if family is IPFamily.IPv6 else "ip"
 
 
+#: A full sync's listing: the object names, the rules of chains (by family, chain -> its
+#: rules) and, by family, which chains those are where not every one (``NftObserved``).
+_ListedRules = tuple[
+    dict[str, TableObjects], dict[str, dict[str, list[str]]], dict[str, frozenset[str]]
+]
+
+
 @dataclass(frozen=True)
 class NftObserved:
     """What a sync's render needs of the kernel (``NftablesBackend.observe``)."""
@@ -145,6 +154,9 @@ class NftObserved:
     #: The tables' chains with their rules, by family, where they were listed whole (the
     #: renderer holds a record of what it wrote there to compare them with).
     rules: Mapping[str, Mapping[str, Sequence[str]]] = field(default_factory=dict)
+    #: Where only some chains of a table were listed with their rules (those that changed
+    #: since kubeplex's last write, fingerprints.py), by family: those chains.
+    compared: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 class NftablesBackend(
@@ -172,6 +184,8 @@ class NftablesBackend(
         #: Cleanup failures (stale chains not deleted, table listings that failed) per family,
         #: not yet reported: the next successful sync's samples carry them to the metric.
         self._cleanup_failures: dict[IPFamily, int] = {}
+        #: The tables' rules as kubeplex's last writes left them: which chains to list.
+        self._records = ChainRecords()
 
     def real_kernel(self) -> NftKernel:
         return NftKernel(self.ctx.netns)
@@ -212,9 +226,13 @@ class NftablesBackend(
             return NftObserved(pending=pending)
         rules = self._list_rules(full)
         if rules is not None:
-            text, tables = rules
+            objects, tables, compared = rules
             return NftObserved(
-                listed=full, tables=parse_listing(text), pending=pending, rules=tables
+                listed=full,
+                tables=objects,
+                pending=pending,
+                rules=tables,
+                compared=compared,
             )
         try:
             text = self.kernel.list(listing_commands(full), terse=True)
@@ -223,15 +241,18 @@ class NftablesBackend(
             return NftObserved(listed=full, tables=None, pending=pending)
         return NftObserved(listed=full, tables=parse_listing(text), pending=pending)
 
-    def _list_rules(
-        self, full: tuple[str, ...]
-    ) -> tuple[str, dict[str, dict[str, list[str]]]] | None:
-        """The tables of ``full`` listed whole (without set elements), if the renderer holds
-        a record of what it wrote in every one of them: as well as the object names, the
-        rules to compare with the record. None: no record, or a table is gone."""
+    def _list_rules(self, full: tuple[str, ...]) -> _ListedRules | None:
+        """If the renderer holds a record of what it wrote in every table of ``full``: their
+        object names, and the rules to compare with the record (by family, chain -> rules):
+        of the chains that changed since kubeplex's last write (the third item, by family),
+        or else of every chain (the tables listed whole, without set elements). None: no
+        record, or a table is gone."""
         recorded = {_ip(r.settings.family) for r in self.renderers if not r.force_full}
         if not set(full) <= recorded:
             return None
+        changed = self._records.changed(self.kernel, full)
+        if changed is not None:
+            return self._list_changed(full, changed)
         texts = {}
         for fam in full:  # one table per nft run: nft 1.0.6 fails a second "list table"
             try:
@@ -239,7 +260,32 @@ class NftablesBackend(
             except BackendError as err:  # a table removed: the object listing tells the rest
                 log.info("listing nftables table %s %s failed: %s", fam, names.TABLE, err)
                 return None
-        return "".join(texts.values()), {f: parse_table(t).chains for f, t in texts.items()}
+        tables = {f: parse_table(t).chains for f, t in texts.items()}
+        return parse_listing("".join(texts.values())), tables, {}
+
+    def _list_changed(
+        self, full: tuple[str, ...], changed: Mapping[str, set[str]]
+    ) -> _ListedRules | None:
+        """The object names of the tables of ``full``, and the ``changed`` chains with their
+        rules, one nft run per chain (nft 1.0.6 fails a second "list chain" in a run);
+        None if nft fails."""
+        try:
+            text = self.kernel.list(listing_commands(full), terse=True)
+        except BackendError:  # told by the object listing again
+            return None
+        objects = parse_listing(text)
+        held: dict[str, dict[str, list[str]]] = {}
+        for fam, chains in changed.items():
+            held[fam] = {}
+            there = objects.get(fam, TableObjects()).chains
+            for chain in sorted(chains & there):
+                try:
+                    listed = self.kernel.list(f"list chain {fam} {names.TABLE} {chain}\n", True)
+                except BackendError as err:  # deleted since: as if without rules
+                    log.info("listing nftables chain %s %s failed: %s", fam, chain, err)
+                    continue
+                held[fam].update(parse_table(listed).chains)
+        return objects, held, {fam: frozenset(chains) for fam, chains in changed.items()}
 
     # --- render -----------------------------------------------------------------------------
 
@@ -316,7 +362,9 @@ class NftablesBackend(
             held = observed.rules.get(plan.settings.ip)
             if held is not None and plan.trusted:
                 renderer = self.renderers[plan.settings.family]
-                plan.found_rules(held, renderer.applied_chains)
+                plan.found_rules(
+                    held, renderer.applied_chains, observed.compared.get(plan.settings.ip)
+                )
         fresh = len(listed) == len(plans) and not any(
             p.settings.ip in observed.tables for p in listed
         )
@@ -426,6 +474,7 @@ class NftablesBackend(
         for plan in plans:
             errors.update((str(spn), why) for spn, why in plan.errors.items())
             self.renderers[plan.settings.family].commit(plan)
+            self._record_write(plan)
             counts["chains_written"] += len(plan.chains_written)
             counts["chains_deleted"] += plan.chains_deleted
             counts["elements_added"] += len(plan.elements_added)
@@ -447,6 +496,24 @@ class NftablesBackend(
             samples=tuple(samples),
             repaired=repaired,
         )
+
+    def _record_write(self, plan: FamilyPlan) -> None:
+        """Fingerprint what ``plan``'s write left in the chains it flushed, filled or
+        deleted, for the next trusted full sync to list only the chains changed since."""
+        setup = rendered_chains("".join(plan.parts[: plan.setup_parts]), plan.table)
+        touched = (
+            set(plan.chains_written)
+            | plan.stale_chains
+            | plan.leftover_chains
+            | plan.deferred_chains
+            | set(setup)
+        )
+        drifted = {d.chain for d in plan.repaired}
+        self._records.written(self.kernel, plan.settings.ip, plan.full, touched, drifted)
+
+    def invalidate(self) -> None:
+        super().invalidate()
+        self._records.forget()
 
     # --- beside the sync path ---------------------------------------------------------------
 
@@ -487,6 +554,7 @@ class NftablesBackend(
             )
             log.info("removed nftables tables %s", ", ".join(f"{f} {names.TABLE}" for f in present))
         self.renderers.clear()
+        self._records.forget()
         return CleanupReport(self.mode, tuple(removed))
 
     def leftovers(self) -> list[str]:

@@ -18,10 +18,11 @@ from __future__ import annotations
 import builtins
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import ClassVar, Protocol
 
 from kubeplex.backends.nftables import names, netlink
+from kubeplex.backends.nftables.fingerprints import Fingerprints
 from kubeplex.core.dataplane import execer
 from kubeplex.core.model.errors import BackendError
 
@@ -178,6 +179,27 @@ class NftKernel:
             log.debug("listing nftables tables over netlink failed (%s): asking nft", err)
             self.close()
             return None
+
+    def rule_fingerprints(
+        self, family: str, chains: Collection[str] | None = None
+    ) -> Fingerprints | None:
+        """The kube-proxy table's rules by chain, undecoded (fingerprints.py), from one netlink
+        dump of the table or one per chain of ``chains``; None without netlink, or if a dump
+        fails (the caller lists them through nft)."""
+        if not (self.use_netlink and self.nft_cmd == NFT):
+            return None
+        if self._netlink is None:
+            self._netlink = netlink.NftNetlink(self.netns)
+        out: Fingerprints = {}
+        try:
+            for chain in [None] if chains is None else chains:
+                found = self._netlink.rules(family, names.TABLE, chain)
+                out.update((c, tuple(rules)) for c, rules in found.items())
+        except (OSError, netlink.NetlinkError) as err:
+            log.debug("dumping the nftables rules failed (%s): nft lists them", err)
+            self.close()
+            return None
+        return out
 
     def close(self) -> None:
         if self._netlink is not None:

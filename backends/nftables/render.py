@@ -25,7 +25,7 @@ object names on a full sync, to find leftovers of earlier runs and chains gone m
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kubeplex.backends.nftables.listing import chain_drift, rendered_chains
@@ -245,15 +245,25 @@ class FamilyPlan:
     def chains_deleted(self) -> int:
         return len(self.stale_chains | self.leftover_chains)
 
-    def found_rules(self, held: Mapping[str, Sequence[str]], written: Mapping[str, str]) -> None:
+    def found_rules(
+        self,
+        held: Mapping[str, Sequence[str]],
+        written: Mapping[str, str],
+        only: Collection[str] | None = None,
+    ) -> None:
         """What a trusted full sync's listing shows of the chains' rules (``held``): where
         they differ from what the last syncs ``written`` (service chains -> their rules) or
         from what this plan writes into the fixed chains, which it flushes and fills again.
-        The differing service chains that stay are written again too."""
+        The differing service chains that stay are written again too. ``only``: the chains
+        listed, where not all were (the others are as kubeplex's last write left them)."""
         t = self.table
+        if only is not None:
+            written = {c: block for c, block in written.items() if c in only}
         expected: dict[str, list[str]] = {c: [] for c in written}
         expected.update(rendered_chains("".join(written.values()), t))
         expected.update(rendered_chains("".join(self.parts[: self.setup_parts]), t))
+        if only is not None:
+            expected = {c: rules for c, rules in expected.items() if c in only}
         self.repaired = chain_drift(expected, held)
         for chain in dict.fromkeys(d.chain for d in self.repaired):
             block = self.wanted_chains.get(chain)

@@ -1,0 +1,123 @@
+"""Rule fingerprints: which of kubeplex's chains changed since its own last write.
+
+Listing a table with its rules through nft costs a multiple of the periodic full sync that
+compares them with what kubeplex rendered (nft decodes and prints every rule). A netlink dump
+of the same rules, left undecoded, costs a fraction of it. So the backend keeps, per table,
+each chain's rules as the kernel encoded them right after kubeplex's own last write to that
+chain (its fingerprint); at a trusted full sync, one dump of the table tells which chains
+differ from that record (a rule added, removed or replaced by someone else, or a chain the
+record does not know), and only those are listed through nft and compared rule by rule. A
+chain without rules is in no dump: a chain that lost every rule differs as well.
+
+No rule kubeplex writes carries a counter or anything else the kernel updates by itself, so a
+fingerprint changes only with the rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Protocol, runtime_checkable
+
+#: Chain -> its rules as the kernel encodes them (expressions and comment), in order.
+Fingerprints = dict[str, tuple[bytes, ...]]
+
+
+@runtime_checkable
+class FingerprintSeam(Protocol):
+    """A kernel seam that can also read the rules of a kube-proxy table undecoded."""
+
+    def rule_fingerprints(
+        self, family: str, chains: Collection[str] | None = None
+    ) -> Fingerprints | None:
+        """The rules of ``family``'s ("ip", "ip6") kube-proxy table by chain: of every chain,
+        or of ``chains`` alone (one without rules, or gone, is left out). None where they
+        cannot be read so (then they are compared as nft lists them)."""
+
+
+def changed_chains(recorded: Mapping[str, tuple[bytes, ...]], held: Fingerprints) -> set[str]:
+    """The chains whose rules the kernel ``held`` now differ from those ``recorded`` after
+    kubeplex's last write: changed, gone, or there only one side (none: nothing to list)."""
+    return {c for c in recorded.keys() | held.keys() if recorded.get(c) != held.get(c)}
+
+
+def after_write(
+    before: Fingerprints, touched: Collection[str], rewritten: Fingerprints
+) -> Fingerprints:
+    """The record after a write that changed the ``touched`` chains: the ``before`` record
+    of every other chain, and what the kernel holds of the touched ones (``rewritten``,
+    dumped after the write)."""
+    out = {c: rules for c, rules in before.items() if c not in touched}
+    out.update(rewritten)
+    return out
+
+
+#: Above this many chains to read again after a write, one dump of the whole table does it.
+WHOLE_TABLE_ABOVE = 256
+
+
+class ChainRecords:
+    """Per table ("ip", "ip6"), the fingerprints of its chains after kubeplex's last write.
+
+    ``changed`` reads the tables at a trusted full sync; ``written`` records what a write
+    left, reading again only the chains it touched. A seam that cannot read fingerprints, a
+    failed read, or a failed write (``forget``) leaves no record: the next trusted full sync
+    lists the tables whole, as nft prints them."""
+
+    def __init__(self) -> None:
+        self._recorded: dict[str, Fingerprints] = {}
+        #: What ``changed`` read, by table, with the chains found changed: the record of the
+        #: chains this sync's write leaves alone.
+        self._read: dict[str, tuple[Fingerprints, set[str]]] = {}
+
+    def changed(self, kernel: object, families: Collection[str]) -> dict[str, set[str]] | None:
+        """The chains of each table that differ from the record; None where there is no
+        record of every one of them (or they cannot be read): compare them whole then."""
+        self._read.clear()
+        if not isinstance(kernel, FingerprintSeam):
+            return None
+        out = {}
+        for fam in families:
+            recorded = self._recorded.get(fam)
+            held = kernel.rule_fingerprints(fam) if recorded is not None else None
+            if recorded is None or held is None:
+                self._read.clear()
+                return None
+            out[fam] = changed_chains(recorded, held)
+            self._read[fam] = (held, out[fam])
+        return out
+
+    def written(
+        self, kernel: object, fam: str, full: bool, touched: Collection[str], drifted: set[str]
+    ) -> None:
+        """Record the table ``fam`` after a successful write (a ``full`` one or not) that
+        flushed, filled or deleted the ``touched`` chains. ``drifted``: chains whose rules
+        differed from the rendered ones and that the write left as they are (no record of
+        them: the next full sync compares them again)."""
+        read = self._read.pop(fam, None)
+        if not isinstance(kernel, FingerprintSeam):
+            return
+        again = set(touched)
+        if read is not None:  # a trusted full sync: the chains it read stay as they were
+            held, changed = read
+            before = {c: rules for c, rules in held.items() if c not in changed}
+            again |= changed - drifted
+        elif full:  # a full write without a record: the whole table
+            before, again = {}, set()
+        elif fam in self._recorded:
+            before = self._recorded[fam]
+        else:
+            return
+        if (full and read is None) or len(again) > WHOLE_TABLE_ABOVE:
+            dumped = kernel.rule_fingerprints(fam)
+            record = dumped
+        else:
+            dumped = kernel.rule_fingerprints(fam, sorted(again)) if again else {}
+            record = after_write(before, again, dumped) if dumped is not None else None
+        if record is None:
+            self._recorded.pop(fam, None)
+        else:
+            self._recorded[fam] = record
+
+    def forget(self) -> None:
+        self._recorded.clear()
+        self._read.clear()

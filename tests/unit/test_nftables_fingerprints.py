@@ -1,0 +1,78 @@
+"""Which chains a trusted full sync lists with their rules: those whose fingerprints (their
+rules as the kernel encodes them) changed since kubeplex's own last write."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from kubeplex.backends.nftables.fingerprints import (
+    ChainRecords,
+    Fingerprints,
+    after_write,
+    changed_chains,
+)
+
+
+def test_changed_chains_are_those_with_other_rules_or_on_one_side_only() -> None:
+    recorded = {"a": (b"1", b"2"), "b": (b"3",), "gone": (b"4",)}
+    held = {"a": (b"1", b"2"), "b": (b"3x",), "new": (b"5",)}
+    assert changed_chains(recorded, held) == {"b", "gone", "new"}
+    assert changed_chains(recorded, dict(recorded)) == set()
+    # The same rules in another order differ.
+    assert changed_chains({"a": (b"1", b"2")}, {"a": (b"2", b"1")}) == {"a"}
+
+
+def test_after_write_keeps_the_untouched_chains_and_reads_the_touched() -> None:
+    before = {"a": (b"1",), "b": (b"2",), "deleted": (b"3",)}
+    assert after_write(before, {"b", "deleted"}, {"b": (b"2new",)}) == {
+        "a": (b"1",),
+        "b": (b"2new",),
+    }
+
+
+class Kernel:
+    """A seam holding a table's fingerprints, keeping which chains each read asked for."""
+
+    def __init__(self, table: Fingerprints) -> None:
+        self.table = table
+        self.reads: list[list[str] | None] = []
+
+    def rule_fingerprints(
+        self, family: str, chains: Collection[str] | None = None
+    ) -> Fingerprints | None:
+        self.reads.append(None if chains is None else list(chains))
+        wanted = self.table if chains is None else {c: () for c in chains}
+        return {c: self.table[c] for c in wanted if c in self.table}
+
+
+def test_records_follow_writes_and_find_what_changed_since() -> None:
+    kernel = Kernel({"fixed": (b"f",), "svc-a": (b"a",)})
+    records = ChainRecords()
+    assert records.changed(kernel, ["ip"]) is None  # no record yet: list the table whole
+    records.written(kernel, "ip", full=True, touched=(), drifted=set())
+    assert kernel.reads[-1] is None  # a full write without a record: the whole table read
+    # A partial write of one chain reads that chain alone.
+    kernel.table["svc-b"] = (b"b",)
+    records.written(kernel, "ip", full=False, touched={"svc-b"}, drifted=set())
+    assert kernel.reads[-1] == ["svc-b"]
+    assert records.changed(kernel, ["ip"]) == {"ip": set()}
+    # A trusted full sync: someone changed svc-a; the write rewrites the fixed chain only
+    # and leaves svc-a drifted: it stays out of the record, to be compared again.
+    kernel.table["svc-a"] = (b"foreign", b"a")
+    assert records.changed(kernel, ["ip"]) == {"ip": {"svc-a"}}
+    kernel.table["fixed"] = (b"f2",)
+    records.written(kernel, "ip", full=True, touched={"fixed"}, drifted={"svc-a"})
+    assert kernel.reads[-1] == ["fixed"]
+    assert records.changed(kernel, ["ip"]) == {"ip": {"svc-a"}}
+    # Repaired (touched) this time: recorded again, nothing changed since.
+    kernel.table["svc-a"] = (b"a2",)
+    records.written(kernel, "ip", full=True, touched={"fixed", "svc-a"}, drifted={"svc-a"})
+    assert records.changed(kernel, ["ip"]) == {"ip": set()}
+    records.forget()
+    assert records.changed(kernel, ["ip"]) is None
+
+
+def test_a_seam_without_fingerprints_keeps_no_record() -> None:
+    records = ChainRecords()
+    records.written(object(), "ip", full=True, touched={"a"}, drifted=set())
+    assert records.changed(object(), ["ip"]) is None
