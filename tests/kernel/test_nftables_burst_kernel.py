@@ -8,7 +8,7 @@ reachable: the kernel must end with the very table one ``nft -f`` of the whole c
 from __future__ import annotations
 
 import pytest
-from test_nftables_render import (
+from kits.nftables_kit import (
     assert_as_one_nft_transaction,
     kernel_harness,
     kernel_table,

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from kits.render_kit import endpoint_slice, ep, port
-from test_nftables_render import NODE, V4, V6, Harness, many_services, node_obj, web_service
+from kits.nftables_kit import NODE, Harness, many_services, node_obj, web_service
+from kits.render_kit import V4, V6, endpoint_slice, ep, port
 
 from kubeplex.backends.nftables import NftablesBackend
 from kubeplex.backends.nftables.kernel import NftKernel

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 from kits.dataplane_kit import shared_dataplane
+from kits.nft_messages import assert_encoded_as_nft
+from kits.nftables_kit import NODE, Harness, node_obj, web_service
+from kits.render_kit import V4, ep
 from kits.render_kit import endpoint_slice as slice_of
-from kits.render_kit import ep
-from test_nftables_render import NODE, V4, Harness, assert_encoded_as_nft, node_obj, web_service
 
 from kubeplex.backends.nftables import names as N
 from kubeplex.backends.nftables import netlink

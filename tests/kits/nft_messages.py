@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import re
 import subprocess
+from typing import Any
+
+from kubeplex.backends.nftables import netlink
 
 _HEADER_TYPE = re.compile(r"^\| (\d{5}) \| [-RMAE]{4} \|")
 _ATTR = re.compile(r"^\|(\d{5})\|([-N])([-B])\|(\d{5})\|")
@@ -67,3 +70,27 @@ def canonical(body: bytes) -> bytes:
         out += body[off : off + 4] + value + b"\0" * (-size % 4)
         off += (size + 3) & ~3
     return bytes(out)
+
+
+def assert_encoded_as_nft(messages: list[Any], text: str, netns: str) -> None:
+    """``messages`` (netlink.compile_transaction of ``text``) are what nft sends for ``text``:
+    byte for byte, but for the padding nft leaves uninitialized and the order of a set's
+    elements (nft's --debug=mnl dump, taken applying ``text`` in ``netns``)."""
+    theirs = nft_messages(netns, text)
+    assert len(messages) == len(theirs)
+    mine = [((netlink.NFNL_SUBSYS_NFTABLES << 8) | m.kind, m.body) for m in messages]
+    nfts = [(kind, canonical(body)) for kind, body in theirs]
+    assert _element_runs_sorted(mine) == _element_runs_sorted(nfts)
+
+
+def _element_runs_sorted(messages: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+    """nft reorders consecutive elements of one set among themselves: compare such runs as
+    sorted lists (a set's elements have no order)."""
+    out: list[tuple[int, bytes]] = []
+    run: list[tuple[int, bytes]] = []
+    for kind, body in [*messages, (-1, b"")]:
+        if run and (kind != run[0][0] or body[:40] != run[0][1][:40]):
+            out += sorted(run) if run[0][0] & 0xFF == 12 else run
+            run = []
+        run.append((kind, body))
+    return out

@@ -42,3 +42,22 @@ def test_every_mode_is_independent_of_the_others() -> None:
     assert sorted(m.removeprefix("kubeplex.backends.") for m in independence["modules"]) == modes
     (layers,) = [c for c in contracts() if c.get("containers") == ["kubeplex.backends"]]
     assert layers["layers"][-1] == "netfilter" and layers["exhaustive"]
+
+
+def test_no_test_module_imports_another() -> None:
+    # What tests share lives in tests/kits; a test module is run, never imported, so that
+    # moving or splitting one breaks no other. Only tests/ is on pytest's path (kits.<name>).
+    pytest_options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
+    assert pytest_options["ini_options"]["pythonpath"] == ["tests"]
+    found = []
+    for file in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            found += [
+                f"{file.relative_to(ROOT)}:{node.lineno}: {name}"
+                for name in names
+                if any(part.startswith("test_") for part in name.split("."))
+            ]
+    assert found == []

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from test_nftables_render import V4, Harness, assert_same_table, many_services
+from kits.nftables_kit import Harness, assert_same_table, many_services
+from kits.render_kit import V4
 
 import kubeplex.backends.nftables as backend_module
 from kubeplex.backends.nftables import NftObserved, stage_new_objects
@@ -89,14 +90,14 @@ def test_a_full_plan_is_staged_only_into_a_table_the_listing_found() -> None:
 @pytest.mark.usefixtures("small_stages")
 def test_a_burst_of_new_services_goes_in_stages_ahead_of_one_last_transaction() -> None:
     h = synced(5)
-    before = len(h.kernel.nft.transactions)
+    before = len(h.kernel.applied())
     h.feed(many_services(40))
     r = h.sync()
-    sent = h.kernel.nft.transactions[before:]
+    sent = h.kernel.applied()[before:]
     assert not r.full and len(r.fresh_stages) > 2
     assert sent == r.kernel_inputs() and len(sent) == len(r.fresh_stages) + 1
     # Nothing in the stages is reachable: no element, no rule of a chain the kernel held.
-    held = set(declared_chains(h.kernel.nft.transactions[:before]))
+    held = set(declared_chains(h.kernel.applied()[:before]))
     for stage in sent[:-1]:
         assert "element" not in stage
         assert not set(declared_chains([stage])) & held
@@ -111,10 +112,10 @@ def test_a_burst_of_new_services_goes_in_stages_ahead_of_one_last_transaction() 
 @pytest.mark.usefixtures("small_stages")
 def test_a_few_new_services_stay_one_transaction() -> None:
     h = synced(5)
-    before = len(h.kernel.nft.transactions)
+    before = len(h.kernel.applied())
     h.feed(many_services(6))
     r = h.sync()
-    assert r.fresh_stages == [] and len(h.kernel.nft.transactions) == before + 1
+    assert r.fresh_stages == [] and len(h.kernel.applied()) == before + 1
     assert_same_table(from_scratch(6), h.dump())
 
 
@@ -124,10 +125,10 @@ def test_a_few_new_services_stay_one_transaction() -> None:
 @pytest.mark.usefixtures("small_stages")
 def test_a_full_sync_stages_new_services_and_writes_each_chain_once() -> None:
     h = synced(5)
-    before = len(h.kernel.nft.transactions)
+    before = len(h.kernel.applied())
     h.feed(many_services(40))
     r = h.sync(full=True)
-    sent = h.kernel.nft.transactions[before:]
+    sent = h.kernel.applied()[before:]
     assert r.full and r.fresh_stages and len(sent) == len(r.fresh_stages) + 1
     # The listing shows the new chains missing: they are written once, not repaired again.
     assert max(declared_chains(sent).values()) == 1
@@ -137,7 +138,7 @@ def test_a_full_sync_stages_new_services_and_writes_each_chain_once() -> None:
 @pytest.mark.usefixtures("small_stages")
 def test_a_full_sync_into_a_table_removed_behind_kubeplex_is_one_transaction() -> None:
     h = synced(5)
-    h.kernel.nft.run("delete table ip kube-proxy\n")
+    h.kernel.run("delete table ip kube-proxy\n")
     h.feed(many_services(40))
     r = h.sync(full=True)
     assert r.full and r.fresh_stages == []

@@ -9,8 +9,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from kits.render_kit import endpoint_slice, ep
-from test_nftables_render import NODE, V4, V6, FakeKernel, Harness, many_services
+from kits.nftables_kit import NODE, FaultyNftables, Harness, many_services
+from kits.render_kit import V4, V6, endpoint_slice, ep
 
 from kubeplex.backends.nftables import (
     CLEANUP_FAILURES,
@@ -53,12 +53,12 @@ def test_observe_lists_on_full_syncs_only() -> None:
     h = Harness(many_services(3), families=(V4, V6))
     first = h.backend.observe(h.cluster.checkout())
     assert first.listed == ("ip", "ip6") and first.tables == {}  # no tables yet
-    assert h.kernel.listings == 1
+    assert h.kernel.table_listings == 1
     h.sync()
-    assert h.kernel.listings == 2
+    assert h.kernel.table_listings == 2
     h.feed([endpoint_slice("ns1", "web", [ep("10.0.1.7", NODE)])])
     partial = h.backend.observe(h.cluster.checkout())
-    assert partial.listed == () and h.kernel.listings == 2
+    assert partial.listed == () and h.kernel.table_listings == 2
     full = h.backend.observe(h.cluster.checkout(full=True))
     assert full.listed == ("ip", "ip6") and full.tables is not None
     assert "services" in full.tables["ip"].chains
@@ -67,7 +67,7 @@ def test_observe_lists_on_full_syncs_only() -> None:
 def test_without_an_observation_the_render_is_the_bare_transaction() -> None:
     h = Harness(many_services(3))
     h.sync()
-    h.kernel.nft.run("add chain ip kube-proxy service-AAAAAAAA-old/gone/tcp/\n")
+    h.kernel.run("add chain ip kube-proxy service-AAAAAAAA-old/gone/tcp/\n")
     bare = str(h.render(full=True))
     assert "old/gone" not in bare
     _, observed = observed_sync(h, full=True)
@@ -84,7 +84,7 @@ def test_pending_chain_deletes_are_the_first_transaction() -> None:
     h = Harness(many_services(3))
     h.sync()
     h.backend.renderers[V4].pending_chain_deletes = {"endpoint-GONE"}
-    h.kernel.nft.run("add chain ip kube-proxy endpoint-GONE\n")
+    h.kernel.run("add chain ip kube-proxy endpoint-GONE\n")
     state = h.cluster.checkout(full=True)
     assert "endpoint-GONE" not in str(h.backend.render(state))  # no observation: not there
     h.backend.invalidate()
@@ -94,7 +94,7 @@ def test_pending_chain_deletes_are_the_first_transaction() -> None:
     assert "endpoint-GONE" not in inputs[1]  # not a leftover of this sync: deleted first
     assert str(rendered).startswith("# nft -f - transaction (chains left by earlier syncs)\n")
     h.backend.apply(rendered)
-    assert "endpoint-GONE" not in h.kernel.nft.tables["ip kube-proxy"].chains
+    assert "endpoint-GONE" not in h.kernel.tables["ip", "kube-proxy"].chains
     assert h.backend.renderers[V4].pending_chain_deletes == set()
 
 
@@ -152,12 +152,15 @@ def test_cleanup_reports_only_the_tables_that_existed() -> None:
     assert h.backend.leftovers() == []
     assert h.backend.cleanup().removed == ()
     h.sync()
-    h.kernel.nft.tables.pop("ip6 kube-proxy")
-    h.kernel.nft.run("add table ip other\n")
-    assert h.backend.leftovers() == ["nftables table ip kube-proxy"]
+    h.kernel.tables.pop(("ip6", "kube-proxy"))
+    h.kernel.run("add table ip other\n")
+    # The ip table and what it holds; not the table of another program in the same family.
+    left = h.backend.leftovers()
+    assert left[0] == "nftables table ip kube-proxy"
+    assert len(left) > 1 and all(line.startswith("nftables ip kube-proxy ") for line in left[1:])
     report = h.backend.cleanup()
-    assert report.mode == "nftables" and report.removed == ("nftables table ip kube-proxy",)
-    assert set(h.kernel.nft.tables) == {"ip other"} and h.backend.leftovers() == []
+    assert report.mode == "nftables" and report.removed == tuple(left)
+    assert set(h.kernel.tables) == {("ip", "other")} and h.backend.leftovers() == []
 
 
 def test_cleanup_keeps_a_table_the_active_mode_names() -> None:
@@ -166,12 +169,12 @@ def test_cleanup_keeps_a_table_the_active_mode_names() -> None:
     keep = {"nftables table ip6 kube-proxy", "iptables nat chain KUBE-SERVICES"}
     report = h.backend.cleanup(keep=keep)
     assert report.removed and all(" ip kube-proxy" in line for line in report.removed)
-    assert set(h.kernel.nft.tables) == {"ip6 kube-proxy"}
+    assert set(h.kernel.tables) == {("ip6", "kube-proxy")}
     assert h.backend.leftovers()[0] == "nftables table ip6 kube-proxy"
 
 
 def test_cleanup_fails_when_nft_does() -> None:
-    class Broken(FakeKernel):
+    class Broken(FaultyNftables):
         def list(self, commands: str, terse: bool = False) -> str:
             raise BackendError("nft: not installed")
 
@@ -280,7 +283,7 @@ def test_inspect_reads_entries_endpoints_and_objects(monkeypatch: pytest.MonkeyP
 
 
 def test_inspect_per_family_over_the_seam() -> None:
-    class Listing(FakeKernel):
+    class Listing(FaultyNftables):
         def list(self, commands: str, terse: bool = False) -> str:
             if commands == "list tables\n":
                 return "table ip kube-proxy\n"

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kits.nftables_kit import NODE, FaultyNftables, Harness, many_services
 from kits.render_kit import endpoint_slice, ep
-from test_nftables_render import NODE, FakeKernel, Harness, many_services
 
 import kubeplex.backends.nftables.render as render_module
 from kubeplex.core.config.kubeproxy import default_config
@@ -27,7 +27,7 @@ from kubeplex.core.model.errors import BackendError
 BROKEN = "-ns3/web/"
 
 
-class RefusingKernel(FakeKernel):
+class RefusingKernel(FaultyNftables):
     """Refuses every transaction with a command naming ``refused`` (as nft names the line)."""
 
     def __init__(self, refused: str | None) -> None:
