@@ -509,7 +509,9 @@ class NftablesBackend(
             | set(setup)
         )
         drifted = {d.chain for d in plan.repaired}
-        self._records.written(self.kernel, plan.settings.ip, plan.full, touched, drifted)
+        self._records.written(
+            self.kernel, plan.settings.ip, plan.full, touched, drifted, plan.trusted
+        )
 
     def invalidate(self) -> None:
         super().invalidate()

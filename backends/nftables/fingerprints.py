@@ -87,12 +87,21 @@ class ChainRecords:
         return out
 
     def written(
-        self, kernel: object, fam: str, full: bool, touched: Collection[str], drifted: set[str]
+        self,
+        kernel: object,
+        fam: str,
+        full: bool,
+        touched: Collection[str],
+        drifted: set[str],
+        trusted: bool = True,
     ) -> None:
         """Record the table ``fam`` after a successful write (a ``full`` one or not) that
         flushed, filled or deleted the ``touched`` chains. ``drifted``: chains whose rules
         differed from the rendered ones and that the write left as they are (no record of
-        them: the next full sync compares them again)."""
+        them: the next full sync compares them again). An untrusted full write (after a
+        start, or a failure) records nothing: the dump of a whole table costs a good part of
+        that write, and ``kubeplex run --once`` would never use it; the first trusted full
+        sync after it lists the table whole and records it."""
         read = self._read.pop(fam, None)
         if not isinstance(kernel, FingerprintSeam):
             return
@@ -101,7 +110,10 @@ class ChainRecords:
             held, changed = read
             before = {c: rules for c, rules in held.items() if c not in changed}
             again |= changed - drifted
-        elif full:  # a full write without a record: the whole table
+        elif full and not trusted:  # a start or a rewrite: no record until a trusted one
+            self._recorded.pop(fam, None)
+            return
+        elif full:  # a trusted full sync that listed the table whole: the first record
             before, again = {}, set()
         elif fam in self._recorded:
             before = self._recorded[fam]

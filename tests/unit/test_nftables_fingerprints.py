@@ -49,8 +49,10 @@ def test_records_follow_writes_and_find_what_changed_since() -> None:
     kernel = Kernel({"fixed": (b"f",), "svc-a": (b"a",)})
     records = ChainRecords()
     assert records.changed(kernel, ["ip"]) is None  # no record yet: list the table whole
+    records.written(kernel, "ip", full=True, touched=(), drifted=set(), trusted=False)
+    assert kernel.reads == [] and records.changed(kernel, ["ip"]) is None  # after a start
     records.written(kernel, "ip", full=True, touched=(), drifted=set())
-    assert kernel.reads[-1] is None  # a full write without a record: the whole table read
+    assert kernel.reads[-1] is None  # a trusted full write without a record: the whole table
     # A partial write of one chain reads that chain alone.
     kernel.table["svc-b"] = (b"b",)
     records.written(kernel, "ip", full=False, touched={"svc-b"}, drifted=set())
