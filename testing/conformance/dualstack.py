@@ -23,7 +23,7 @@ from kubeplex.testing.conformance.traffic import (
     hosts,
     ip_of,
     synced,
-    web_dual_stack,
+    web_in,
 )
 from kubeplex.testing.dataplane import DataplaneCluster, endpoint_slice, service
 from kubeplex.testing.netlab import (
@@ -42,7 +42,7 @@ def ip6(dc: DataplaneCluster, name: str) -> str:
 
 
 def case_dual_stack_no_snat(dc: DataplaneCluster) -> None:
-    synced(dc, *web_dual_stack(dc))
+    synced(dc, *web_in(dc, V6))
     seen6 = dc.lab.http(CLIENT_POD, WEB_VIP6, 80, "/clientip", count=6)
     check(all_ok(seen6) and hosts(seen6) == {ip6(dc, CLIENT_POD)}, f"IPv6 client IP: {seen6}")
     seen4 = dc.lab.http(CLIENT_POD, WEB_VIP, 80, "/clientip", count=6)
@@ -95,7 +95,7 @@ def case_ipv6_no_endpoints_refused(dc: DataplaneCluster) -> None:
 
 
 def case_ipv6_nodeport_from_nodes_and_pods(dc: DataplaneCluster) -> None:
-    synced(dc, *web_dual_stack(dc, type="NodePort", node_port=NODEPORT))
+    synced(dc, *web_in(dc, V6, type="NodePort", node_port=NODEPORT))
     node1, node2 = ip6(dc, NODE1), ip6(dc, NODE2)
     for src, dst in ((NODE1, node1), (NODE2, node1), (CLIENT_POD, node2)):
         results = dc.lab.http(src, dst, NODEPORT, count=6)

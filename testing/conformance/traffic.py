@@ -64,37 +64,11 @@ def web_in(
     """Service ``name`` and the EndpointSlices of ``pods`` to reach it in ``family``: for
     IPv4 a single-stack Service (``vip``) and one slice; for IPv6 a dual-stack Service
     (``vip``, ``vip6``) and one slice per family."""
-    if family is V6:
-        return web_dual_stack(
-            dc,
-            pods,
-            name=name,
-            vip=vip,
-            vip6=vip6,
-            port=port,
-            target_port=target_port,
-            protocol=protocol,
-            **svc,
-        )
-    return [
-        service(name, vip, port, target_port=target_port, protocol=protocol, **svc),
-        endpoint_slice(name, dc.endpoints(*pods), port=target_port, protocol=protocol),
-    ]
-
-
-def web_dual_stack(
-    dc: DataplaneCluster,
-    pods: tuple[str, ...] = WEBS,
-    *,
-    name: str = WEB,
-    vip: str = WEB_VIP,
-    vip6: str = WEB_VIP6,
-    port: int = 80,
-    target_port: int = 8080,
-    protocol: str = "TCP",
-    **svc: Any,
-) -> list[dict[str, Any]]:
-    """Dual-stack Service ``name`` and one EndpointSlice per family of ``pods``."""
+    if family is V4:
+        return [
+            service(name, vip, port, target_port=target_port, protocol=protocol, **svc),
+            endpoint_slice(name, dc.endpoints(*pods), port=target_port, protocol=protocol),
+        ]
     return [
         service(
             name,
