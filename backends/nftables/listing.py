@@ -205,4 +205,3 @@ def chain_drift(
     """Where the ``expected`` chains (chain -> rules as rendered) differ in the kernel's
     ``held`` ones (chain -> rules as nft lists them; a chain missing there has none)."""
     return diff_chains(expected, {c: held.get(c, ()) for c in expected}, rule_key)
-

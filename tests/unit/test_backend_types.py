@@ -12,7 +12,7 @@ api = pytest.importorskip("mypy.api")
 
 ROOT = Path(__file__).resolve().parents[2]
 
-PLUGIN = '''
+PLUGIN = """
 from dataclasses import dataclass
 
 from kubeplex.core.dataplane.backend import Backend, FamilyBackend, Rendered, SyncResult
@@ -76,9 +76,9 @@ class PerFamily(FamilyBackend[Renderer, Text, Seam, Seen, str, int]):
     def apply(self, rendered: Rendered) -> SyncResult:
         self.kernel.write(str(rendered))
         return SyncResult(full=True)
-'''
+"""
 
-MISTAKES = '''
+MISTAKES = """
 
 class Wrong(Backend[Seam, Seen]):
     def observe(self, state: ProxyState) -> str:  # not its observation
@@ -95,7 +95,7 @@ class Wrong(Backend[Seam, Seen]):
 class WrongPlans(PerFamily):
     def combine(self, plans: list[str]) -> Text:  # its plans are ints
         return Text([])
-'''
+"""
 
 
 def check(tmp_path: Path, source: str) -> list[str]:
