@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from kubeplex.backends.nftables import names
 from kubeplex.backends.nftables.fingerprints import ChainRecords
+from kubeplex.backends.nftables.generation import GenerationSeam
 from kubeplex.backends.nftables.kernel import NftKernel, NftSeam
 from kubeplex.backends.nftables.listing import (
     TableObjects,
@@ -516,6 +517,8 @@ class NftablesBackend(
     def invalidate(self) -> None:
         super().invalidate()
         self._records.forget()
+        if isinstance(self.kernel, GenerationSeam):
+            self.kernel.generations.forget()
 
     # --- beside the sync path ---------------------------------------------------------------
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Protocol, runtime_checkable
 
+from kubeplex.backends.nftables.generation import GenerationSeam
+
 #: Chain -> its rules as the kernel encodes them (expressions and comment), in order.
 Fingerprints = dict[str, tuple[bytes, ...]]
 
@@ -68,6 +70,8 @@ class ChainRecords:
         #: What ``changed`` read, by table, with the chains found changed: the record of the
         #: chains this sync's write leaves alone.
         self._read: dict[str, tuple[Fingerprints, set[str]]] = {}
+        #: Trusted full syncs that found the ruleset generation unchanged and read no rules.
+        self.skipped = 0
 
     def changed(self, kernel: object, families: Collection[str]) -> dict[str, set[str]] | None:
         """The chains of each table that differ from the record; None where there is no
@@ -75,6 +79,13 @@ class ChainRecords:
         self._read.clear()
         if not isinstance(kernel, FingerprintSeam):
             return None
+        if isinstance(kernel, GenerationSeam) and (now := kernel.generation()) is not None:
+            if kernel.generations.unchanged(now) and all(f in self._recorded for f in families):
+                # Nothing was committed since kubeplex's last look: the record holds.
+                self.skipped += 1
+                self._read.update((f, (self._recorded[f], set())) for f in families)
+                return {f: set() for f in families}
+            kernel.generations.read(now)
         out = {}
         for fam in families:
             recorded = self._recorded.get(fam)

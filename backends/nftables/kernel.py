@@ -18,11 +18,12 @@ from __future__ import annotations
 import builtins
 import logging
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import ClassVar, Protocol
 
 from kubeplex.backends.nftables import names, netlink
 from kubeplex.backends.nftables.fingerprints import Fingerprints
+from kubeplex.backends.nftables.generation import GenerationGate
 from kubeplex.core.dataplane import execer
 from kubeplex.core.model.errors import BackendError
 
@@ -68,9 +69,48 @@ class NftKernel:
         self._netlink: netlink.NftNetlink | None = None
         #: How the last transaction went: "netlink" or "nft" (for logs, tests and benchmarks).
         self.last_path = ""
+        #: The ruleset generation at which kubeplex last saw its tables (generation.py).
+        self.generations = GenerationGate()
 
     def run(self, text: str) -> None:
-        """Apply ``text`` as one atomic transaction; BackendError if nft or the kernel refuse.
+        """Apply ``text`` as one atomic transaction; BackendError if nft or the kernel refuse."""
+        self._followed(1, lambda: self._run(text))
+
+    def run_stages(self, texts: Sequence[str], empty_tables: bool = True) -> None:
+        """Several transactions in order, stopping at the first one refused (BackendError):
+        the first load of tables created empty, or (``empty_tables=False``) new services'
+        chains ahead of a big sync's last transaction (``_run_stages``)."""
+        self._followed(len(texts), lambda: self._run_stages(texts, empty_tables))
+
+    def _followed(self, commits: int, write: Callable[[], None]) -> None:
+        """``write``, which commits ``commits`` transactions, with the ruleset generation read
+        before and after it (only while the gate holds a generation of ours: else it could
+        not keep one)."""
+        before = self.generation() if self.generations.following else None
+        try:
+            write()
+        except BaseException:
+            self.generations.forget()  # how many were committed is not known
+            raise
+        after = self.generation() if before is not None else None
+        self.generations.wrote(before, after, commits)
+
+    def generation(self) -> int | None:
+        """The ruleset generation of the netns over netlink; None without netlink, or if the
+        read fails."""
+        if not (self.use_netlink and self.nft_cmd == NFT):
+            return None
+        if self._netlink is None:
+            self._netlink = netlink.NftNetlink(self.netns)
+        try:
+            return self._netlink.generation()
+        except (OSError, netlink.NetlinkError) as err:
+            log.debug("reading the nftables ruleset generation failed: %s", err)
+            self.close()
+            return None
+
+    def _run(self, text: str) -> None:
+        """``run`` without the generation reads.
 
         The kernel binds each anonymous set (every ``numgen ... vmap``) by walking the whole
         transaction, and names it by scanning every set of the table, so writing N services in
@@ -84,17 +124,15 @@ class NftKernel:
         timeout = 60.0 + text.count("\n") / 1000
         execer.run([self.nft_cmd, "-f", "-"], self.netns, input=text, timeout=timeout)
 
-    def run_stages(self, texts: Sequence[str], empty_tables: bool = True) -> None:
-        """Several transactions in order, stopping at the first one refused (BackendError):
-        the first load of tables created empty, or (``empty_tables=False``) new services'
-        chains ahead of a big sync's last transaction. Over netlink, each one is encoded
+    def _run_stages(self, texts: Sequence[str], empty_tables: bool) -> None:
+        """``run_stages`` without the generation reads. Over netlink, each one is encoded
         while the kernel commits the one before (the socket's send releases the GIL, and the
         kernel commits inside it), and anonymous maps are named here, not by the kernel (which
         scans every set of the table for each): into empty tables from 0, into tables that
         exist above every number in use."""
         if not (self.use_netlink and self.nft_cmd == NFT):
             for text in texts:
-                self.run(text)
+                self._run(text)
             return
         failed: list[BaseException] = []
         sender: threading.Thread | None = None
@@ -105,7 +143,7 @@ class NftKernel:
         def send(text: str, messages: list[netlink.Message] | None) -> None:
             try:
                 if messages is None or not self._run_netlink(messages):
-                    self.run(text)
+                    self._run(text)
             except BaseException as err:  # handed to the caller's thread
                 failed.append(err)
 

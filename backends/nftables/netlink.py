@@ -55,6 +55,8 @@ NFTA_RULE_TABLE, NFTA_RULE_CHAIN = 1, 2
 MSG_NEWSET, MSG_GETSET, MSG_DELSET = 9, 10, 11
 NFTA_SET_TABLE, NFTA_SET_NAME = 1, 2
 MSG_NEWSETELEM, MSG_DELSETELEM = 12, 14
+MSG_NEWGEN, MSG_GETGEN = 15, 16
+NFTA_GEN_ID = 1
 
 FAMILIES = {"ip": 2, "ip6": 10}
 #: Every nf_tables family by number, named as nft prints them.
@@ -1079,6 +1081,27 @@ class NftNetlink:
                             f"listing the rules of {table} failed: {os.strerror(-code)}"
                         )
                     return {n.decode("utf-8", "replace"): r for n, r in out.items()}
+
+    def generation(self) -> int:
+        """The ruleset generation of the socket's netns: nf_tables bumps it at every committed
+        transaction, of any table and any writer. NetlinkError if the kernel refuses."""
+        sock = self._socket()
+        nl.queued_errors(sock)
+        self._seq += 1
+        seq = self._seq
+        kind = (NFNL_SUBSYS_NFTABLES << 8) | MSG_GETGEN
+        sock.send(nl.nfnl_message(kind, nl.NLM_F_REQUEST, seq, 0, b""))
+        code, answers = nl.answers(sock, seq, dump=False)
+        if code:
+            raise NetlinkError(f"reading the ruleset generation failed: {os.strerror(-code)}")
+        wanted = (NFNL_SUBSYS_NFTABLES << 8) | MSG_NEWGEN
+        for answer in answers:
+            if nl.HEADER.unpack_from(answer)[1] != wanted:
+                continue
+            for found, start, stop in nl.attributes(answer, nl.NFNL_HEADER.size, len(answer)):
+                if found == NFTA_GEN_ID and stop - start == 4:
+                    return int.from_bytes(answer[start:stop], "big")
+        raise NetlinkError("the kernel's answer holds no ruleset generation")
 
     def _dump(
         self, ask: int, answer: int, family: int, body: bytes, what: str, missing_ok: bool = False

@@ -1,0 +1,119 @@
+"""A trusted full sync reads no rules while the netns's ruleset generation says nothing was
+committed since kubeplex's last look (generation.py); any other writer, of any table, makes it
+dump and compare them again (root, a throw-away namespace)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Collection
+
+import pytest
+from kits.nftables_kit import NODE, Harness, many_services
+from kits.render_kit import V4, endpoint_slice, ep
+
+from kubeplex.backends.nftables import NftablesBackend
+from kubeplex.backends.nftables.fingerprints import Fingerprints
+from kubeplex.backends.nftables.kernel import NftKernel
+from kubeplex.core.dataplane.backend import BackendContext, SyncResult
+
+pytestmark = pytest.mark.kernel
+
+
+class Counting(NftKernel):
+    """The real kernel, counting its rule dumps."""
+
+    def __init__(self, netns: str) -> None:
+        super().__init__(netns)
+        self.dumps = 0
+
+    def rule_fingerprints(
+        self, family: str, chains: Collection[str] | None = None
+    ) -> Fingerprints | None:
+        if chains is None:
+            self.dumps += 1
+        return super().rule_fingerprints(family, chains)
+
+
+def nft(ns: str, *args: str) -> str:
+    argv = ["ip", "netns", "exec", ns, "nft", *args]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+
+def full_sync(h: Harness) -> SyncResult:
+    result = h.backend.sync(h.cluster.checkout(full=True))
+    assert result.full
+    return result
+
+
+def scale(h: Harness, i: int, endpoints: int) -> None:
+    """ns{i}/web of many_services() with ``endpoints`` endpoints, off this node."""
+    h.feed(
+        [endpoint_slice(f"ns{i}", "web", [ep(f"10.0.{i}.{j + 1}", "n2") for j in range(endpoints)])]
+    )
+
+
+def synced(netns: str) -> tuple[Harness, Counting, str]:
+    """Three Services programmed, then two trusted full syncs (the first makes the record,
+    the second reads the tables at a known generation); and one Service's chain."""
+    kernel = Counting(netns)
+    h = Harness(many_services(3), families=(V4,))
+    h.backend = NftablesBackend(BackendContext(h.cfg, NODE, (V4,), netns=netns, kernel=kernel))
+    assert h.backend.sync(h.cluster.checkout(full=True)).full
+    assert not full_sync(h).repaired
+    assert not full_sync(h).repaired
+    chain = next(c for c in h.backend.renderers[V4].applied_chains if c.startswith("service-"))
+    kernel.dumps = 0
+    return h, kernel, chain
+
+
+def test_no_foreign_write_no_rule_dump(netns: str) -> None:
+    h, kernel, _ = synced(netns)
+    assert not full_sync(h).repaired
+    assert not full_sync(h).repaired
+    assert kernel.dumps == 0
+
+
+def test_kubeplex_own_partial_writes_keep_the_gate(netns: str) -> None:
+    h, kernel, _ = synced(netns)
+    scale(h, 1, 2)
+    assert not h.backend.sync(h.cluster.checkout()).full
+    assert kernel.generations.ours == kernel.generation()
+    assert not full_sync(h).repaired
+    assert kernel.dumps == 0
+
+
+def test_a_write_to_another_table_makes_the_full_sync_dump(netns: str) -> None:
+    h, kernel, _ = synced(netns)
+    nft(netns, "add", "table", "inet", "other")
+    assert not full_sync(h).repaired
+    assert kernel.dumps == 1
+    # Read again at the new generation: the next one skips.
+    assert not full_sync(h).repaired
+    assert kernel.dumps == 1
+
+
+def test_a_foreign_rule_in_a_service_chain_is_found_and_repaired(netns: str) -> None:
+    h, kernel, chain = synced(netns)
+    nft(netns, "insert", "rule", "ip", "kube-proxy", chain, "drop")
+    repaired = full_sync(h).repaired
+    assert [(d.chain, d.change, d.found) for d in repaired] == [(chain, "extra", "drop")]
+    assert kernel.dumps == 1
+    assert "drop" not in nft(netns, "list", "chain", "ip", "kube-proxy", chain)
+
+
+def test_a_foreign_write_between_kubeplex_writes_is_not_hidden(netns: str) -> None:
+    h, kernel, chain = synced(netns)
+    nft(netns, "insert", "rule", "ip", "kube-proxy", chain, "drop")
+    scale(h, 2, 2)  # a partial write after the foreign one
+    assert not h.backend.sync(h.cluster.checkout()).full
+    assert kernel.generations.ours is None
+    repaired = full_sync(h).repaired
+    assert [(d.chain, d.found) for d in repaired] == [(chain, "drop")]
+
+
+def test_without_netlink_the_full_sync_behaves_as_before(netns: str) -> None:
+    h, kernel, chain = synced(netns)
+    kernel.use_netlink = False
+    assert kernel.generation() is None
+    nft(netns, "insert", "rule", "ip", "kube-proxy", chain, "drop")
+    assert [d.change for d in full_sync(h).repaired] == ["extra"]
