@@ -31,21 +31,23 @@ import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from kubeplex.backends.netfilter.nfnetlink import open_socket
 from kubeplex.core.dataplane import netlink as nl
+from kubeplex.core.dataplane.netlink import (
+    NFNL_HEADER,
+    NLA_F_NESTED,
+    NLM_F_APPEND,
+    NLM_F_CREATE,
+    NLM_F_DUMP,
+    NLM_F_REQUEST,
+    PAD,
+    attr,
+    nested,
+)
 
-# --- constants (linux/netfilter/nfnetlink.h, nf_tables.h; libnftnl's udata) ---------------------
+# --- constants (linux/netfilter/nf_tables.h; libnftnl's udata) ----------------------------------
+# (netlink's own, and the message framing, are kubeplex.core.dataplane.netlink's)
 
 NFNL_SUBSYS_NFTABLES = 10
-NFNL_MSG_BATCH_BEGIN = 16
-NFNL_MSG_BATCH_END = 17
-NLM_F_REQUEST = 0x1
-NLM_F_CREATE = 0x400
-NLM_F_APPEND = 0x800
-NLM_F_DUMP = 0x300
-NLMSG_ERROR = 2
-NLMSG_DONE = 3
-NLA_F_NESTED = 0x8000
 
 MSG_NEWTABLE, MSG_GETTABLE = 0, 1
 NFTA_TABLE_NAME = 1
@@ -107,38 +109,28 @@ class Unsupported(Exception):
 # arguments repeat (constants, registers, fixed chains), and the expressions that carry one
 # variable value (an address, a port) are built as a cached frame around it.
 
-_NLA_HEADER = struct.Struct("=HH").pack
-_PAD = (b"", b"\0\0\0", b"\0\0", b"\0")
-
-
-def _attr(kind: int, value: bytes) -> bytes:
-    size = 4 + len(value)
-    return _NLA_HEADER(size, kind) + value + _PAD[size & 3]
-
-
-def _nest(kind: int, *parts: bytes) -> bytes:
-    return _attr(kind | NLA_F_NESTED, b"".join(parts))
+_nla = nl.NLA.pack  # (bound once: most attributes are packed here)
 
 
 @functools.lru_cache(maxsize=4096)
 def _str(kind: int, text: str) -> bytes:
-    return _attr(kind, text.encode() + b"\0")
+    return attr(kind, text.encode() + b"\0")
 
 
 def _name(kind: int, text: str) -> bytes:
     """A string attribute that rarely repeats (chain names): not worth a cache entry."""
     value = text.encode() + b"\0"
     size = 4 + len(value)
-    return _NLA_HEADER(size, kind) + value + _PAD[size & 3]
+    return _nla(size, kind) + value + PAD[size & 3]
 
 
 @functools.lru_cache(maxsize=4096)
 def _u32(kind: int, value: int) -> bytes:
-    return _attr(kind, struct.pack(">I", value & 0xFFFFFFFF))
+    return attr(kind, struct.pack(">I", value & 0xFFFFFFFF))
 
 
 def _u64(kind: int, value: int) -> bytes:
-    return _attr(kind, struct.pack(">Q", value))
+    return attr(kind, struct.pack(">Q", value))
 
 
 def _host32(value: int) -> bytes:
@@ -147,17 +139,17 @@ def _host32(value: int) -> bytes:
 
 def _value(kind: int, data: bytes) -> bytes:
     """NFTA_*_DATA / key: an nft_data holding a value."""
-    return _nest(kind, _attr(1, data))
+    return nested(kind, attr(1, data))
 
 
 @functools.lru_cache(maxsize=4096)
 def _verdict(kind: int, code: int, chain: str = "") -> bytes:
     inner = _u32(1, code) + (_str(2, chain) if chain else b"")
-    return _nest(kind, _nest(2, inner))
+    return nested(kind, nested(2, inner))
 
 
 def _expr(name: str, *parts: bytes) -> bytes:
-    return _nest(1, _str(1, name), _nest(2, *parts))
+    return nested(1, _str(1, name), nested(2, *parts))
 
 
 def _udata(kind: int, payload: bytes) -> bytes:
@@ -175,7 +167,7 @@ def _framed(build: Callable[[bytes], bytes], size: int) -> tuple[bytes, bytes]:
     """(before, after) the value of ``build(value)`` when the value is its last attribute: the
     lengths of every enclosing attribute depend only on ``size``."""
     whole = build(b"\0" * size)
-    after = _PAD[(4 + size) & 3]
+    after = PAD[(4 + size) & 3]
     cut = len(whole) - len(after) - size
     return whole[:cut], after
 
@@ -508,7 +500,7 @@ def _table(batch: _Batch, family: int, line: str, verb: str, name: str, rest: li
     spec = _COMMENT_SPEC.match(rest[0]) if rest else None
     if verb != "add" or (rest and spec is None):
         raise Unsupported(line)
-    udata = _attr(6, _comment_udata(spec.group(1))) if spec else b""
+    udata = attr(6, _comment_udata(spec.group(1))) if spec else b""
     batch.add(MSG_NEWTABLE, _NEW, family, line, _str(1, name), _u32(2, 0), udata)
 
 
@@ -521,9 +513,9 @@ def _chain_spec(rest: str) -> list[bytes]:
         kind, hook, priority = base.groups()
         if hook not in HOOKS:
             raise Unsupported(rest)
-        return [_str(7, kind), _nest(4, _u32(1, HOOKS[hook]), _u32(2, int(priority)))]
+        return [_str(7, kind), nested(4, _u32(1, HOOKS[hook]), _u32(2, int(priority)))]
     if comment := _COMMENT_SPEC.match(rest):
-        return [_attr(12, _comment_udata(comment.group(1)))]
+        return [attr(12, _comment_udata(comment.group(1)))]
     raise Unsupported(rest)
 
 
@@ -556,7 +548,7 @@ def _named_set(
         raise Unsupported(line)
     comment_udata = _udata(UDATA_SET_COMMENT, comment.encode() + b"\0")
     head = [_u32(3, flags), _u32(4, key_type), _u32(5, key_len), *data]
-    _new_set(batch, family, line, table, name, head, [_attr(13, udata + comment_udata)])
+    _new_set(batch, family, line, table, name, head, [attr(13, udata + comment_udata)])
 
 
 def _affinity_set(
@@ -570,7 +562,7 @@ def _affinity_set(
     ]
     tail = [
         _u64(11, timeout * 1000),
-        _attr(13, _udata(UDATA_SET_KEYBYTEORDER, _host32(BYTEORDER_BIG))),
+        attr(13, _udata(UDATA_SET_KEYBYTEORDER, _host32(BYTEORDER_BIG))),
     ]
     _new_set(batch, family, line, table, name, head, tail)
 
@@ -612,7 +604,7 @@ def _rule(batch: _Batch, family: int, line: str, t: bytes, chain: str, text: str
         if c is None:
             raise Unsupported(line)
         text, comment = c.groups()
-        udata = _attr(7, _comment_udata(comment))
+        udata = attr(7, _comment_udata(comment))
     exprs: list[bytes] = []
     fam = "ip6" if family == 10 else "ip"
     words = text.split(" ")
@@ -688,7 +680,7 @@ def _rule(batch: _Batch, family: int, line: str, t: bytes, chain: str, text: str
             words = []
         elif w == "reject" and len(words) == 1:
             code = ICMPV6_PORT_UNREACH if family == 10 else ICMP_PORT_UNREACH
-            exprs.append(_expr("reject", _u32(1, NFT_REJECT_ICMP_UNREACH), _attr(2, bytes([code]))))
+            exprs.append(_expr("reject", _u32(1, NFT_REJECT_ICMP_UNREACH), attr(2, bytes([code]))))
             words = []
         else:
             code, target = _verdict_words(words)
@@ -697,7 +689,7 @@ def _rule(batch: _Batch, family: int, line: str, t: bytes, chain: str, text: str
     if not exprs:
         raise Unsupported(line)
     batch.add(
-        MSG_NEWRULE, _NEW | NLM_F_APPEND, family, line, t, _name(2, chain), _nest(4, *exprs), udata
+        MSG_NEWRULE, _NEW | NLM_F_APPEND, family, line, t, _name(2, chain), nested(4, *exprs), udata
     )
 
 
@@ -721,7 +713,7 @@ def _endpoint_rule(batch: _Batch, family: int, line: str, t: bytes, chain: str, 
         exprs = b"".join(_dnat(family, proto, words[5]))
     else:
         return False
-    body = t + _name(2, chain) + _attr(4 | NLA_F_NESTED, exprs)
+    body = t + _name(2, chain) + attr(4 | NLA_F_NESTED, exprs)
     batch.messages.append(Message(MSG_NEWRULE, _NEW | NLM_F_APPEND, family, body, line))
     return True
 
@@ -789,7 +781,7 @@ def _element_chunks(elements: list[bytes]) -> Iterator[list[bytes]]:
             yield chunk
             chunk, size = [], 4
             number += 1
-        chunk.append(_attr(number | NLA_F_NESTED, element))
+        chunk.append(attr(number | NLA_F_NESTED, element))
         size += 4 + len(element)
     if chunk:
         yield chunk
@@ -815,7 +807,7 @@ def _numgen_vmap(
         if jump == "goto" and chain and " " not in chain:
             # A goto per endpoint: the verdict built in place (no cache would ever hit).
             target = _u32(1, NFT_GOTO) + _name(2, chain)
-            data = _attr(2 | NLA_F_NESTED, _attr(2 | NLA_F_NESTED, target))
+            data = attr(2 | NLA_F_NESTED, attr(2 | NLA_F_NESTED, target))
         else:
             code, target_chain = _verdict_words(verdict.split(" "))
             data = _verdict(2, code, target_chain)
@@ -841,11 +833,11 @@ def _numgen_vmap(
         _u32(6, NFT_DATA_VERDICT),
         _u32(7, 0),
         _u32(10, set_id),
-        _nest(9, _u32(1, modulus)),
-        _attr(13, _NUMGEN_MAP_UDATA),
+        nested(9, _u32(1, modulus)),
+        attr(13, _NUMGEN_MAP_UDATA),
     )
     for chunk in _element_chunks(elements):
-        batch.add(MSG_NEWSETELEM, _NEW, family, line, t, name, _u32(4, set_id), _nest(3, *chunk))
+        batch.add(MSG_NEWSETELEM, _NEW, family, line, t, name, _u32(4, set_id), nested(3, *chunk))
     return [
         _expr("numgen", _u32(1, 1), _u32(2, modulus), _u32(3, NFT_NG_RANDOM), _u32(4, 0)),
         _expr("lookup", _u32(2, 1), _u32(3, 0), _name(1, text), _u32(4, set_id)),
@@ -885,7 +877,7 @@ def _element(
             code, chain = _verdict_words(verdict.split(" "))
             inner += _verdict(2, code, chain)
         if comment:
-            inner += _attr(6, _comment_udata(comment))
+            inner += attr(6, _comment_udata(comment))
         kind, flags = MSG_NEWSETELEM, _NEW
     else:
         if comment or verdict:
@@ -900,49 +892,27 @@ def _element(
         _str(1, table),
         _str(2, container),
         _u32(4, set_id) if set_id is not None else b"",
-        _nest(3, _nest(1, inner)),
+        nested(3, nested(1, inner)),
     )
-
-
-_NLMSG_HEADER = struct.Struct("=IHHIIBBH").pack
-
-
-def _nlmsg(kind: int, flags: int, seq: int, family: int, res_id: int, body: bytes) -> bytes:
-    size = 20 + len(body)
-    header = _NLMSG_HEADER(size, kind, flags, seq, 0, family, 0, socket.htons(res_id))
-    return header + body + _PAD[size & 3]
 
 
 def encode_batch(messages: Iterable[Message], first_seq: int = 1) -> tuple[bytes, dict[int, str]]:
     """The batch as sent (begin, messages, end), and each message's command by sequence."""
     seq = first_seq
-    out = [_nlmsg(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq, 0, NFNL_SUBSYS_NFTABLES, b"")]
+    out = [nl.batch_begin(seq, NFNL_SUBSYS_NFTABLES)]
     lines = {}
     base = NFNL_SUBSYS_NFTABLES << 8
-    header = _NLMSG_HEADER
+    header = NFNL_HEADER.pack
     for msg in messages:
         seq += 1
         lines[seq] = msg.line
         size = 20 + len(msg.body)
         out.append(header(size, base | msg.kind, msg.flags, seq, 0, msg.family, 0, 0))
         out.append(msg.body)
-        out.append(_PAD[size & 3])
+        out.append(PAD[size & 3])
     seq += 1
-    out.append(_nlmsg(NFNL_MSG_BATCH_END, NLM_F_REQUEST, seq, 0, NFNL_SUBSYS_NFTABLES, b""))
+    out.append(nl.batch_end(seq, NFNL_SUBSYS_NFTABLES))
     return b"".join(out), lines
-
-
-def _string_attr(attrs: bytes, wanted: int) -> str | None:
-    """The NUL-terminated string attribute ``wanted`` of a message's attributes."""
-    off = 0
-    while off + 4 <= len(attrs):
-        size, kind = struct.unpack_from("=HH", attrs, off)
-        if size < 4:
-            return None
-        if kind & ~NLA_F_NESTED == wanted:
-            return attrs[off + 4 : off + size].split(b"\0", 1)[0].decode("utf-8", "replace")
-        off += (size + 3) & ~3
-    return None
 
 
 class NetlinkError(Exception):
@@ -970,7 +940,7 @@ class NftNetlink:
 
     def _socket(self) -> socket.socket:
         if self._sock is None:
-            sock = open_socket(self.netns)
+            sock = nl.open_socket(nl.NETLINK_NETFILTER, self.netns)
             self._sndbuf = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2
             self._sock = sock
         return self._sock
@@ -984,7 +954,7 @@ class NftNetlink:
         """Send ``messages`` as one batch; NetlinkError (nothing applied) if the kernel refused."""
         sock = self._socket()
         # Replies from an earlier batch (there should be none) must not be taken for this one's.
-        self._drain(sock)
+        nl.queued_errors(sock)
         first = self._seq + 1
         data, lines = encode_batch(messages, first)
         self._seq = first + len(messages) + 1
@@ -1003,7 +973,7 @@ class NftNetlink:
         # The kernel processes (and commits or aborts) the batch inside sendmsg(): any error is
         # queued by now. No reply means everything was applied (nft reads the same way).
         errors = []
-        for seq, code in self._drain(sock):
+        for seq, code in nl.queued_errors(sock):
             if code != 0 and (first <= seq <= self._seq or seq == -1):
                 what = lines.get(seq, "the batch")
                 errors.append(f"{os.strerror(-code)}: {what}")
@@ -1016,7 +986,7 @@ class NftNetlink:
         Services' rules loaded). NetlinkError if the kernel refuses the dump."""
         out: list[tuple[str, str]] = []
         for message in self._dump(MSG_GETTABLE, MSG_NEWTABLE, 0, b"", "the tables"):  # 0: all
-            name = _string_attr(message[4:], NFTA_TABLE_NAME)
+            name = nl.string_attr(message, NFTA_TABLE_NAME, 4)
             if name is not None:
                 out.append((FAMILY_NAMES.get(message[0], str(message[0])), name))
         return out
@@ -1028,7 +998,7 @@ class NftNetlink:
         out = []
         messages = self._dump(MSG_GETSET, MSG_NEWSET, FAMILIES[family], request, table, True)
         for message in messages:
-            name = _string_attr(message[4:], NFTA_SET_NAME)
+            name = nl.string_attr(message, NFTA_SET_NAME, 4)
             if name is not None:
                 out.append(name)
         return out
@@ -1043,15 +1013,12 @@ class NftNetlink:
         if chain is not None:
             request += _str(NFTA_RULE_CHAIN, chain)
         sock = self._socket()
-        self._drain(sock)
+        nl.queued_errors(sock)
         self._seq += 1
         seq = self._seq
         base = NFNL_SUBSYS_NFTABLES << 8
-        sock.send(
-            _nlmsg(
-                base | MSG_GETRULE, NLM_F_REQUEST | NLM_F_DUMP, seq, FAMILIES[family], 0, request
-            )
-        )
+        dump = NLM_F_REQUEST | NLM_F_DUMP
+        sock.send(nl.nfnl_message(base | MSG_GETRULE, dump, seq, FAMILIES[family], request))
         wanted = base | MSG_NEWRULE
         length = nl.NLA.unpack_from
         out: dict[bytes, list[bytes]] = {}
@@ -1072,9 +1039,9 @@ class NftNetlink:
                     if found != name:
                         name, rules = found, out.setdefault(found, [])
                     rules.append(data[pos + ((chain_len + 3) & ~3) : off + size])
-                elif kind == NLMSG_DONE:
+                elif kind == nl.NLMSG_DONE:
                     return {n.decode("utf-8", "replace"): r for n, r in out.items()}
-                elif kind == NLMSG_ERROR:
+                elif kind == nl.NLMSG_ERROR:
                     code = nl.error_code(data, off)
                     if code and code != -errno.ENOENT:
                         raise NetlinkError(
@@ -1109,53 +1076,20 @@ class NftNetlink:
         """The ``answer`` messages (nfgenmsg and attributes) of a dump request ``ask``;
         ``missing_ok``: none where what it names does not exist."""
         sock = self._socket()
-        self._drain(sock)
+        nl.queued_errors(sock)
         self._seq += 1
         seq = self._seq
         kind = (NFNL_SUBSYS_NFTABLES << 8) | ask
-        sock.send(_nlmsg(kind, NLM_F_REQUEST | NLM_F_DUMP, seq, family, 0, body))
+        sock.send(nl.nfnl_message(kind, NLM_F_REQUEST | NLM_F_DUMP, seq, family, body))
+        code, answers = nl.answers(sock, seq)
+        if code and not (missing_ok and code == -errno.ENOENT):
+            raise NetlinkError(f"listing {what} failed: {os.strerror(-code)}")
         wanted = (NFNL_SUBSYS_NFTABLES << 8) | answer
-        out: list[bytes] = []
-        while True:
-            data = sock.recv(1 << 16)
-            off = 0
-            while off + 16 <= len(data):
-                size, kind, _flags, got_seq, _pid = struct.unpack_from("=IHHII", data, off)
-                message = data[off + 16 : off + size]
-                off += max((size + 3) & ~3, 16)
-                if got_seq != seq:
-                    continue
-                if kind == NLMSG_DONE:
-                    return out
-                if kind == NLMSG_ERROR:
-                    (code,) = struct.unpack_from("=i", message)
-                    if code and not (missing_ok and code == -errno.ENOENT):
-                        raise NetlinkError(f"listing {what} failed: {os.strerror(-code)}")
-                    return out
-                if kind == wanted and len(message) >= 4:
-                    out.append(message)
-
-    @staticmethod
-    def _drain(sock: socket.socket) -> list[tuple[int, int]]:
-        out: list[tuple[int, int]] = []
-        while True:
-            try:
-                data = sock.recv(1 << 16, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return out
-            except OSError as err:
-                if err.errno != errno.ENOBUFS:
-                    raise
-                # Replies were lost: there were replies, so the batch failed.
-                out.append((-1, -errno.ENOBUFS))
-                continue
-            off = 0
-            while off + 16 <= len(data):
-                size, kind, _flags, seq, _pid = struct.unpack_from("=IHHII", data, off)
-                if kind == NLMSG_ERROR and size >= 20:
-                    (code,) = struct.unpack_from("=i", data, off + 16)
-                    out.append((seq, code))
-                off += max((size + 3) & ~3, 16)
+        return [
+            m[nl.HEADER.size :]
+            for m in answers
+            if len(m) >= NFNL_HEADER.size and nl.HEADER.unpack_from(m)[1] == wanted
+        ]
 
 
 __all__ = [
