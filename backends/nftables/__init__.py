@@ -23,11 +23,11 @@ chain deletions with "Device or resource busy", apply sends the plan's own defer
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kubeplex.backends.netfilter.nodeports import node_port_ips
 from kubeplex.backends.nftables import names
 from kubeplex.backends.nftables.fingerprints import ChainRecords
 from kubeplex.backends.nftables.generation import GenerationSeam
@@ -44,6 +44,7 @@ from kubeplex.backends.nftables.render import FamilyPlan, FamilyRenderer, Nftabl
 from kubeplex.backends.nftables.rules import FamilySettings, go_hex_mark
 from kubeplex.core.config.localdetect import local_detector
 from kubeplex.core.dataplane.backend import (
+    Applied,
     BackendContext,
     CleanupReport,
     FamilyBackend,
@@ -61,7 +62,6 @@ from kubeplex.core.model.types import IPFamily, NodeInfo, ServicePortName, famil
 
 log = logging.getLogger(__name__)
 
-NODE_PORT_PRIMARY = "primary"
 #: What nft reports when a kernel before 6.2 still counts a reference from a map element
 #: deleted earlier in the same transaction.
 _BUSY = "Device or resource busy"
@@ -94,36 +94,6 @@ METRIC_FAMILIES = (
     ),
     MetricFamily(CLEANUP_FAILURES, "Cumulative proxy nftables cleanup failures", "counter"),
 )
-
-
-def node_port_ips(
-    addresses: Sequence[str], node: NodeInfo, family: IPFamily
-) -> tuple[str, ...] | None:
-    """Upstream's NodePortAddresses for one family: None means every local address.
-
-    "primary" becomes the node's primary address of each family as a /32 or /128 (as
-    cmd/kube-proxy does), so a family without a node address serves NodePorts everywhere.
-    The node's addresses (from its Node object) stand in for the local interface addresses.
-    """
-    entries = list(addresses)
-    if entries == [NODE_PORT_PRIMARY]:
-        entries = []
-        for fam, bits in ((IPFamily.IPv4, 32), (IPFamily.IPv6, 128)):
-            primary = node.addresses_of(fam)[:1]
-            if primary and not ipaddress.ip_address(primary[0]).is_loopback:
-                entries.append(f"{primary[0]}/{bits}")
-    nets = [
-        ipaddress.ip_network(e, strict=False)
-        for e in entries
-        if e != NODE_PORT_PRIMARY and family_of(e) is family
-    ]
-    if not nets or any(n.prefixlen == 0 for n in nets):
-        return None
-    return tuple(
-        ip
-        for ip in dict.fromkeys(node.addresses_of(family))
-        if any(ipaddress.ip_address(ip) in n for n in nets)
-    )
 
 
 def _ip(family: IPFamily) -> str:
@@ -302,7 +272,8 @@ class NftablesBackend(
             masquerade_mark=go_hex_mark(cfg.nftables.masquerade_bit),
             masquerade_all=cfg.nftables.masquerade_all,
             local=local_detector(cfg, node, family),
-            node_port_ips=node_port_ips(tuple(cfg.node_port_addresses), node, family),
+            # nftables reads no interface addresses: the Node's own stand in for them.
+            node_port_ips=node_port_ips(cfg.node_port_addresses, node, family, own),
             node_ip=own[0] if own else "",
             service_cidrs=tuple(c for c in service_cidrs if family_of(c) is family),
         )
@@ -437,9 +408,14 @@ class NftablesBackend(
     def _apply(self, rendered: NftablesRendered, count_listing: bool = True) -> SyncResult:
         """``apply`` without the invalidation on failure (``sync`` may retry the render);
         ``count_listing``: count a failed listing (once per observation)."""
-        plans = rendered.plans
         if count_listing:
             self._cleanup_failed(rendered.listing_failed)
+        return super().apply(rendered)
+
+    def apply_whole(self, rendered: NftablesRendered) -> Applied:
+        """The sync's transactions, each for every family: the pending chain deletions, the
+        stages, then the plan (or its deferred form, on a kernel before 6.2)."""
+        plans = rendered.plans
         if rendered.pending_deletes:
             self._delete_pending(rendered.pending_deletes)
         transactions = 0
@@ -462,40 +438,33 @@ class NftablesBackend(
                 for plan in plans:
                     plan.deferred_chains = plan.stale_chains | plan.leftover_chains
             transactions += 1
-        counts = {
-            "transactions": transactions,
-            "chains_written": 0,
-            "chains_deleted": 0,
-            "elements_added": 0,
-            "elements_deleted": 0,
-        }
-        errors: dict[str, str] = {}
-        no_local: dict[IPFamily, NoLocalEndpoints] = {}
-        repaired = tuple(d for plan in plans for d in plan.repaired)
-        for plan in plans:
-            errors.update((str(spn), why) for spn, why in plan.errors.items())
-            self.renderers[plan.settings.family].commit(plan)
-            self._record_write(plan)
-            counts["chains_written"] += len(plan.chains_written)
-            counts["chains_deleted"] += plan.chains_deleted
-            counts["elements_added"] += len(plan.elements_added)
-            counts["elements_deleted"] += len(plan.elements_deleted)
-            no_local[plan.settings.family] = NoLocalEndpoints(
+        samples = tuple(
+            Sample(CLEANUP_FAILURES, (family.value,), failures, add=True)
+            for family, failures in self._cleanup_failures.items()
+        )
+        self._cleanup_failures = {}
+        return Applied(counts={"transactions": transactions}, samples=samples)
+
+    def family_plans(self, rendered: NftablesRendered) -> list[tuple[IPFamily, FamilyPlan]]:
+        return [(plan.settings.family, plan) for plan in rendered.plans]
+
+    def apply_family(self, family: IPFamily, plan: FamilyPlan) -> Applied:
+        """Nothing left to write (``apply_whole`` sent every family): the renderer's record."""
+        self.renderers[family].commit(plan)
+        self._record_write(plan)
+        return Applied(
+            counts={
+                "chains_written": len(plan.chains_written),
+                "chains_deleted": plan.chains_deleted,
+                "elements_added": len(plan.elements_added),
+                "elements_deleted": len(plan.elements_deleted),
+            },
+            failed={str(spn): why for spn, why in plan.errors.items()},
+            no_local_endpoints=NoLocalEndpoints(
                 plan.no_local_endpoints.get("internal", 0),
                 plan.no_local_endpoints.get("external", 0),
-            )
-        counts["services_failed"] = len(errors)
-        samples = []
-        for family, failures in self._cleanup_failures.items():
-            samples.append(Sample(CLEANUP_FAILURES, (family.value,), failures, add=True))
-        self._cleanup_failures = {}
-        return SyncResult(
-            full=rendered.full,
-            counts=counts,
-            failed=errors,
-            no_local_endpoints=no_local,
-            samples=tuple(samples),
-            repaired=repaired,
+            ),
+            repaired=tuple(plan.repaired),
         )
 
     def _record_write(self, plan: FamilyPlan) -> None:

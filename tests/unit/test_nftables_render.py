@@ -40,11 +40,12 @@ from kits.nftables_kit import (
 )
 from kits.render_kit import V4, V6, endpoint_slice, ep, port, service, svc1
 
+from kubeplex.backends.nftables import NftablesBackend
 from kubeplex.backends.nftables import names as N
-from kubeplex.backends.nftables import node_port_ips
 from kubeplex.backends.nftables.render import NftablesRendered
 from kubeplex.backends.nftables.rules import FamilySettings, go_hex_mark, setup_lines
-from kubeplex.core.model.types import NodeInfo
+from kubeplex.core.dataplane.backend import BackendContext
+from kubeplex.core.model.types import IPFamily, NodeInfo
 
 UPSTREAM_BASE_RULES = """
 add table ip kube-proxy { comment "rules for kube-proxy" ; }
@@ -839,16 +840,22 @@ def test_udp_service() -> None:
     assert "meta l4proto udp dnat to 10.180.0.9:53" in dump
 
 
-def test_node_port_ips() -> None:
+def test_node_port_ips_are_among_the_nodes_own_addresses() -> None:
+    """nftables reads no interface addresses: nodePortAddresses choose among the Node's (the
+    rule itself is every mode's: tests/unit/test_nodeports.py)."""
     node = NodeInfo(NODE, addresses=("192.168.0.2", "192.168.1.2", "2001:db8::1"))
-    assert node_port_ips(["primary"], node, V4) == ("192.168.0.2",)
-    assert node_port_ips(["primary"], node, V6) == ("2001:db8::1",)
-    assert node_port_ips(["primary"], NodeInfo(NODE, addresses=("192.168.0.2",)), V6) is None
-    assert node_port_ips([], node, V4) is None
-    assert node_port_ips(["0.0.0.0/0"], node, V4) is None
-    assert node_port_ips(["192.168.0.0/16"], node, V4) == ("192.168.0.2", "192.168.1.2")
-    assert node_port_ips(["192.168.0.0/16"], node, V6) is None  # no IPv6 CIDR: everywhere
-    assert node_port_ips(["10.0.0.0/8"], node, V4) == ()  # matches nothing: no NodePorts
+
+    def ips(addresses: list[str], family: IPFamily, on: NodeInfo = node) -> object:
+        cfg = config({"mode": "nftables", "nodePortAddresses": addresses})
+        return NftablesBackend(BackendContext(cfg, NODE)).settings(family, on).node_port_ips
+
+    assert ips([], V4) == ("192.168.0.2",)  # the mode's default: "primary"
+    assert ips(["primary"], V6) == ("2001:db8::1",)
+    assert ips(["primary"], V6, NodeInfo(NODE, addresses=("192.168.0.2",))) is None
+    assert ips(["0.0.0.0/0"], V4) is None
+    assert ips(["192.168.0.0/16"], V4) == ("192.168.0.2", "192.168.1.2")
+    assert ips(["192.168.0.0/16"], V6) is None  # no IPv6 CIDR: everywhere
+    assert ips(["10.0.0.0/8"], V4) == ()  # matches nothing: no NodePorts
 
 
 def test_localhost_never_gets_node_ports() -> None:
