@@ -55,10 +55,10 @@ log = logging.getLogger(__name__)
 #: The version of this contract; a plugin may check it (``kubeplex backends`` prints it).
 CONTRACT_VERSION = 2
 
-# The contract's type parameters. Those added in version 2 default to Any (PEP 696, from
-# typing_extensions until Python 3.13): the core, which handles every backend alike, names a
-# bare ``Backend``, and ``FamilyBackend[R, RenderedT]`` means what it meant; a plugin that
-# names its own types has its type checker hold its methods to them.
+# The contract's type parameters. All but R and RenderedT (below) default to Any (PEP 696,
+# from typing_extensions until Python 3.13): the core, which handles every backend alike,
+# names a bare ``Backend``, and ``FamilyBackend[R, RenderedT]`` still means what it meant; a
+# plugin that names its own types has its type checker hold its methods to them.
 
 #: The kernel seam a backend programs the kernel through.
 KernelT = TypeVar("KernelT", default=Any)
