@@ -143,13 +143,13 @@ class _Layout:
         one = f"HH HH HH{size}s HH{size}s HH HHB3x HHH2x HHH2x"
         self.pair = struct.Struct("=" + one + one)
         self.heads = operator.itemgetter(*_HEADS, *(21 + i for i in _HEADS))
-        nested = NLA_F_NESTED
-        common = (ip_len, _CTA_TUPLE_IP | nested, 4 + size, src, 4 + size, dst, proto_len,
-                  _CTA_TUPLE_PROTO | nested, 5, _CTA_PROTO_NUM, 6, _CTA_PROTO_SRC_PORT, 6,
+        nest = NLA_F_NESTED
+        common = (ip_len, _CTA_TUPLE_IP | nest, 4 + size, src, 4 + size, dst, proto_len,
+                  _CTA_TUPLE_PROTO | nest, 5, _CTA_PROTO_NUM, 6, _CTA_PROTO_SRC_PORT, 6,
                   _CTA_PROTO_DST_PORT)  # fmt: skip
-        self.tuple_heads = (self.tuple_len, _CTA_TUPLE_ORIG | nested, *common)
+        self.tuple_heads = (self.tuple_len, _CTA_TUPLE_ORIG | nest, *common)
         #: What ``heads`` gives for a pair of this shape.
-        self.expected = (*self.tuple_heads, self.tuple_len, _CTA_TUPLE_REPLY | nested, *common)
+        self.expected = (*self.tuple_heads, self.tuple_len, _CTA_TUPLE_REPLY | nest, *common)
         self.delete = struct.Struct(NFNL_HEADER.format + one + "HHI")
 
     def decode(
