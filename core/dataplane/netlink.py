@@ -21,8 +21,11 @@ from collections.abc import Iterator
 from kubeplex.core.dataplane.netns import run_in_netns
 
 __all__ = [
+    "ERRNO",
     "HEADER",
     "NFNL_HEADER",
+    "NLA",
+    "PAD",
     "NetlinkBuffer",
     "acks",
     "answers",
