@@ -50,6 +50,27 @@ if [ "${KUBEPLEX_VM_TOOLS:-0}" = 1 ]; then
   fi
 fi
 
+# The ebpf mode's tools, when asked for: clang and libbpf's headers compile its programs
+# (scripts/build-bpf.sh, into the package), bpftool is what operators and its tests read the
+# attached programs with. Without them the mode's programs are missing and its tests skip.
+if [ "${KUBEPLEX_BPF_TOOLS:-0}" = 1 ]; then
+  bpf_tools=(clang libbpf-dev bpftool)
+  bpf_missing=()
+  for p in "${bpf_tools[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || bpf_missing+=("$p")
+  done
+  if [ ${#bpf_missing[@]} -gt 0 ]; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    { $SUDO apt-get update -qq \
+      && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        "${bpf_missing[@]}" >/dev/null; } \
+      || echo "setup: could not install ${bpf_missing[*]}: the ebpf programs are not built" >&2
+  fi
+  if command -v clang >/dev/null && [ -f /usr/include/bpf/bpf_helpers.h ]; then
+    bash scripts/build-bpf.sh
+  fi
+fi
+
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv

@@ -1,0 +1,262 @@
+"""The ebpf mode's programs and loader against the kernel: a bpffs and a cgroup of the test's
+own, a network namespace with a backend on loopback, and client processes run in that cgroup
+and namespace. The Service address is routed nowhere, so only the programs can reach it."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import uuid
+from collections.abc import Iterator
+from ipaddress import ip_address
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubeplex.backends.ebpf import layout
+from kubeplex.backends.ebpf.loader import Dataplane, Loader
+
+pytestmark = pytest.mark.kernel
+
+CGROUP2 = Path("/sys/fs/cgroup/unified")
+SERVICE, SERVICE6 = "10.96.0.10", "fd00:96::10"
+BACKEND, BACKEND6 = "10.244.1.5", "fd00:244::5"
+SVC_ID = 7
+
+SERVER = textwrap.dedent(
+    """
+    import selectors, socket, sys
+    sel = selectors.DefaultSelector()
+    for family, addr in ((socket.AF_INET, sys.argv[1]), (socket.AF_INET6, sys.argv[2])):
+        tcp = socket.socket(family, socket.SOCK_STREAM)
+        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        tcp.bind((addr, 8080)); tcp.listen(16)
+        sel.register(tcp, selectors.EVENT_READ, "tcp")
+        udp = socket.socket(family, socket.SOCK_DGRAM)
+        udp.bind((addr, 5353))
+        sel.register(udp, selectors.EVENT_READ, "udp")
+    print("ready", flush=True)
+    while True:
+        for key, _ in sel.select():
+            if key.data == "tcp":
+                conn, _ = key.fileobj.accept()
+                conn.sendall(b"backend"); conn.close()
+            else:
+                data, peer = key.fileobj.recvfrom(100)
+                key.fileobj.sendto(b"backend:" + data, peer)
+    """
+)
+
+CLIENT = textwrap.dedent(
+    """
+    import json, socket, sys
+    host, port, proto = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    out = {}
+    try:
+        if proto == "tcp":
+            s = socket.create_connection((host, port), timeout=3)
+            out["data"] = s.recv(100).decode()
+            out["peer"] = list(s.getpeername()[:2])
+        else:
+            s = socket.socket(family, socket.SOCK_DGRAM); s.settimeout(3)
+            s.sendto(b"ping", (host, port))
+            data, peer = s.recvfrom(100)
+            out["data"], out["peer"] = data.decode(), list(peer[:2])
+    except OSError as exc:
+        out["errno"] = exc.errno
+    print(json.dumps(out))
+    """
+)
+
+
+def _missing() -> str | None:
+    if shutil.which("bpftool") is None:
+        return "bpftool is not installed (scripts/setup.sh with KUBEPLEX_BPF_TOOLS=1)"
+    if not (CGROUP2 / "cgroup.procs").exists():
+        return f"no cgroup2 mounted at {CGROUP2}"
+    return Loader().missing()
+
+
+@pytest.fixture
+def bpffs() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="kpx-bpffs-"))
+    subprocess.run(["mount", "-t", "bpf", "bpf", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+        folder.rmdir()
+
+
+@pytest.fixture
+def cgroup() -> Iterator[Path]:
+    path = CGROUP2 / f"kpx-test-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        path.rmdir()
+
+
+@pytest.fixture
+def backend_ns(netns: str) -> Iterator[str]:
+    """The namespace with the backend's addresses on loopback and its TCP and UDP servers."""
+    for args in (
+        ["addr", "add", f"{BACKEND}/32", "dev", "lo"],
+        ["-6", "addr", "add", f"{BACKEND6}/128", "dev", "lo", "nodad"],
+    ):
+        subprocess.run(["ip", "-n", netns, *args], check=True)
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", netns, sys.executable, "-c", SERVER, BACKEND, BACKEND6],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        yield netns
+    finally:
+        server.kill()
+        server.wait()
+
+
+@pytest.fixture
+def loader(bpffs: Path) -> Iterator[Loader]:
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    loader = Loader(bpffs)
+    try:
+        yield loader
+    finally:
+        loader.cleanup()
+
+
+def client(netns: str, cgroup: Path | None, host: str, port: int, proto: str) -> dict[str, Any]:
+    """Runs the probe client in the namespace, inside cgroup (or outside every test cgroup)."""
+    join = f"echo $$ > {cgroup / 'cgroup.procs'} && " if cgroup else ""
+    cmd = f'{join}exec ip netns exec {netns} "$0" -c "$1" "$2" "$3" "$4"'
+    done = subprocess.run(
+        ["sh", "-c", cmd, sys.executable, CLIENT, host, str(port), proto],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def program_service(
+    dp: Dataplane, service: str, port: int, proto: int, backend_port: int, *, count: int = 1
+) -> None:
+    """One Service port with one endpoint, on the backend of the Service's family."""
+    svc = ip_address(service)
+    backend = ip_address(BACKEND if svc.version == 4 else BACKEND6)
+    svc_map = dp.maps["kpx_svc4" if svc.version == 4 else "kpx_svc6"]
+    svc_id = SVC_ID + svc.version
+    svc_map.update(layout.svc_key(svc, port, proto), layout.svc_value(svc_id, count))
+    backends = dp.maps["kpx_backends"]
+    backends.update(layout.backend_key(svc_id, 0), layout.backend_value(backend, backend_port))
+
+
+def attached(cgroup: Path) -> str:
+    return subprocess.run(
+        ["bpftool", "cgroup", "show", str(cgroup)], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def test_a_tcp_connect_reaches_the_backend_and_getpeername_shows_the_service(
+    loader: Loader, cgroup: Path, backend_ns: str
+) -> None:
+    dp = loader.start(cgroup)
+    program_service(dp, SERVICE, 80, layout.PROTO_TCP, 8080)
+    program_service(dp, SERVICE6, 80, layout.PROTO_TCP, 8080)
+    assert client(backend_ns, cgroup, SERVICE, 80, "tcp") == {
+        "data": "backend",
+        "peer": [SERVICE, 80],
+    }
+    assert client(backend_ns, cgroup, SERVICE6, 80, "tcp") == {
+        "data": "backend",
+        "peer": [SERVICE6, 80],
+    }
+    # Only the cgroup's processes are translated: elsewhere the Service address leads nowhere.
+    assert client(backend_ns, None, SERVICE, 80, "tcp") == {"errno": errno.ENETUNREACH}
+
+
+def test_an_unconnected_udp_reply_comes_from_the_service_address(
+    loader: Loader, cgroup: Path, backend_ns: str
+) -> None:
+    dp = loader.start(cgroup)
+    program_service(dp, SERVICE, 53, layout.PROTO_UDP, 5353)
+    program_service(dp, SERVICE6, 53, layout.PROTO_UDP, 5353)
+    for service in (SERVICE, SERVICE6):
+        reply = client(backend_ns, cgroup, service, 53, "udp")
+        assert reply == {"data": "backend:ping", "peer": [service, 53]}
+
+
+def test_a_service_without_endpoints_refuses_the_connection(
+    loader: Loader, cgroup: Path, backend_ns: str
+) -> None:
+    dp = loader.start(cgroup)
+    program_service(dp, SERVICE, 80, layout.PROTO_TCP, 8080, count=0)
+    program_service(dp, SERVICE6, 53, layout.PROTO_UDP, 5353, count=0)
+    assert client(backend_ns, cgroup, SERVICE, 80, "tcp") == {"errno": errno.ECONNREFUSED}
+    assert client(backend_ns, cgroup, SERVICE6, 53, "udp") == {"errno": errno.ECONNREFUSED}
+
+
+def test_a_second_start_adopts_the_pinned_links_and_maps(
+    loader: Loader, cgroup: Path, backend_ns: str, bpffs: Path
+) -> None:
+    first = loader.start(cgroup)
+    assert sorted(first.attached) == sorted(layout.PROGRAMS)
+    program_service(first, SERVICE, 80, layout.PROTO_TCP, 8080)
+    first.close()
+    links_before = attached(cgroup)
+
+    second = Loader(bpffs).start(cgroup)
+    assert second.adopted
+    assert attached(cgroup) == links_before  # nothing attached twice
+    key = layout.svc_key(ip_address(SERVICE), 80, layout.PROTO_TCP)
+    assert dict(second.maps["kpx_svc4"].items()) == {key: layout.svc_value(SVC_ID + 4, 1)}
+    assert client(backend_ns, cgroup, SERVICE, 80, "tcp")["data"] == "backend"
+    second.close()
+
+
+def test_a_link_lost_from_the_pins_is_attached_again_keeping_the_maps(
+    loader: Loader, cgroup: Path, backend_ns: str, bpffs: Path
+) -> None:
+    first = loader.start(cgroup)
+    program_service(first, SERVICE, 80, layout.PROTO_TCP, 8080)
+    first.close()
+    loader.links.joinpath("connect4").unlink()  # its link goes with its last reference
+    assert client(backend_ns, cgroup, SERVICE, 80, "tcp") == {"errno": errno.ENETUNREACH}
+
+    second = Loader(bpffs).start(cgroup)
+    assert second.attached == ["connect4"]
+    assert client(backend_ns, cgroup, SERVICE, 80, "tcp")["data"] == "backend"
+    second.close()
+
+
+def test_cleanup_detaches_and_unpins_everything(
+    loader: Loader, cgroup: Path, backend_ns: str
+) -> None:
+    dp = loader.start(cgroup)
+    program_service(dp, SERVICE, 80, layout.PROTO_TCP, 8080)
+    dp.close()
+    pinned = {str(loader.folder / m.name) for m in layout.MAPS}
+    pinned |= {str(loader.links / p) for p in layout.PROGRAMS}
+    assert set(loader.leftovers()) == pinned
+    assert all(f"kpx_{p}" in attached(cgroup) for p in layout.PROGRAMS)
+
+    assert set(loader.cleanup()) == pinned
+    assert loader.leftovers() == []
+    assert not loader.folder.exists()
+    assert "kpx_" not in attached(cgroup)
+    assert client(backend_ns, cgroup, SERVICE, 80, "tcp") == {"errno": errno.ENETUNREACH}
