@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
 from ipaddress import ip_address
@@ -27,29 +28,32 @@ pytestmark = pytest.mark.kernel
 CGROUP2 = Path("/sys/fs/cgroup/unified")
 SERVICE, SERVICE6 = "10.96.0.10", "fd00:96::10"
 BACKEND, BACKEND6 = "10.244.1.5", "fd00:244::5"
+BACKEND_B = "10.244.1.6"
 SVC_ID = 7
 
 SERVER = textwrap.dedent(
     """
     import selectors, socket, sys
     sel = selectors.DefaultSelector()
-    for family, addr in ((socket.AF_INET, sys.argv[1]), (socket.AF_INET6, sys.argv[2])):
+    for addr in sys.argv[1:]:
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
         tcp = socket.socket(family, socket.SOCK_STREAM)
         tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         tcp.bind((addr, 8080)); tcp.listen(16)
-        sel.register(tcp, selectors.EVENT_READ, "tcp")
+        sel.register(tcp, selectors.EVENT_READ, ("tcp", addr))
         udp = socket.socket(family, socket.SOCK_DGRAM)
         udp.bind((addr, 5353))
-        sel.register(udp, selectors.EVENT_READ, "udp")
+        sel.register(udp, selectors.EVENT_READ, ("udp", addr))
     print("ready", flush=True)
     while True:
         for key, _ in sel.select():
-            if key.data == "tcp":
+            proto, addr = key.data
+            if proto == "tcp":
                 conn, _ = key.fileobj.accept()
-                conn.sendall(b"backend"); conn.close()
+                conn.sendall(addr.encode()); conn.close()
             else:
                 data, peer = key.fileobj.recvfrom(100)
-                key.fileobj.sendto(b"backend:" + data, peer)
+                key.fileobj.sendto(addr.encode() + b" " + data, peer)
     """
 )
 
@@ -110,11 +114,12 @@ def backend_ns(netns: str) -> Iterator[str]:
     """The namespace with the backend's addresses on loopback and its TCP and UDP servers."""
     for args in (
         ["addr", "add", f"{BACKEND}/32", "dev", "lo"],
+        ["addr", "add", f"{BACKEND_B}/32", "dev", "lo"],
         ["-6", "addr", "add", f"{BACKEND6}/128", "dev", "lo", "nodad"],
     ):
         subprocess.run(["ip", "-n", netns, *args], check=True)
     server = subprocess.Popen(
-        ["ip", "netns", "exec", netns, sys.executable, "-c", SERVER, BACKEND, BACKEND6],
+        ["ip", "netns", "exec", netns, sys.executable, "-c", SERVER, BACKEND, BACKEND_B, BACKEND6],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -166,6 +171,15 @@ def program_service(
     backends.update(layout.backend_key(svc_id, 0), layout.backend_value(backend, backend_port))
 
 
+def program_two_endpoints(dp: Dataplane, flags: int = 0, timeout: int = 0) -> None:
+    svc_id = 42
+    key = layout.svc_key(ip_address(SERVICE), 80, layout.PROTO_TCP)
+    dp.maps["kpx_svc4"].update(key, layout.svc_value(svc_id, 2, flags, timeout))
+    for slot, backend in enumerate((BACKEND, BACKEND_B)):
+        value = layout.backend_value(ip_address(backend), 8080)
+        dp.maps["kpx_backends"].update(layout.backend_key(svc_id, slot), value)
+
+
 def attached(cgroup: Path) -> str:
     return subprocess.run(
         ["bpftool", "cgroup", "show", str(cgroup)], capture_output=True, text=True, check=True
@@ -179,11 +193,11 @@ def test_a_tcp_connect_reaches_the_backend_and_getpeername_shows_the_service(
     program_service(dp, SERVICE, 80, layout.PROTO_TCP, 8080)
     program_service(dp, SERVICE6, 80, layout.PROTO_TCP, 8080)
     assert client(backend_ns, cgroup, SERVICE, 80, "tcp") == {
-        "data": "backend",
+        "data": BACKEND,
         "peer": [SERVICE, 80],
     }
     assert client(backend_ns, cgroup, SERVICE6, 80, "tcp") == {
-        "data": "backend",
+        "data": BACKEND6,
         "peer": [SERVICE6, 80],
     }
     # Only the cgroup's processes are translated: elsewhere the Service address leads nowhere.
@@ -196,9 +210,9 @@ def test_an_unconnected_udp_reply_comes_from_the_service_address(
     dp = loader.start(cgroup)
     program_service(dp, SERVICE, 53, layout.PROTO_UDP, 5353)
     program_service(dp, SERVICE6, 53, layout.PROTO_UDP, 5353)
-    for service in (SERVICE, SERVICE6):
+    for service, backend in ((SERVICE, BACKEND), (SERVICE6, BACKEND6)):
         reply = client(backend_ns, cgroup, service, 53, "udp")
-        assert reply == {"data": "backend:ping", "peer": [service, 53]}
+        assert reply == {"data": f"{backend} ping", "peer": [service, 53]}
 
 
 def test_a_service_without_endpoints_refuses_the_connection(
@@ -225,7 +239,7 @@ def test_a_second_start_adopts_the_pinned_links_and_maps(
     assert attached(cgroup) == links_before  # nothing attached twice
     key = layout.svc_key(ip_address(SERVICE), 80, layout.PROTO_TCP)
     assert dict(second.maps["kpx_svc4"].items()) == {key: layout.svc_value(SVC_ID + 4, 1)}
-    assert client(backend_ns, cgroup, SERVICE, 80, "tcp")["data"] == "backend"
+    assert client(backend_ns, cgroup, SERVICE, 80, "tcp")["data"] == BACKEND
     second.close()
 
 
@@ -240,7 +254,7 @@ def test_a_link_lost_from_the_pins_is_attached_again_keeping_the_maps(
 
     second = Loader(bpffs).start(cgroup)
     assert second.attached == ["connect4"]
-    assert client(backend_ns, cgroup, SERVICE, 80, "tcp")["data"] == "backend"
+    assert client(backend_ns, cgroup, SERVICE, 80, "tcp")["data"] == BACKEND
     second.close()
 
 
@@ -260,3 +274,40 @@ def test_cleanup_detaches_and_unpins_everything(
     assert not loader.folder.exists()
     assert "kpx_" not in attached(cgroup)
     assert client(backend_ns, cgroup, SERVICE, 80, "tcp") == {"errno": errno.ENETUNREACH}
+
+
+def test_without_affinity_connections_spread_over_the_endpoints(
+    loader: Loader, cgroup: Path, backend_ns: str
+) -> None:
+    program_two_endpoints(loader.start(cgroup))
+    # All 16 on one endpoint by chance: 2 in 65,536.
+    seen = {client(backend_ns, cgroup, SERVICE, 80, "tcp")["data"] for _ in range(16)}
+    assert seen == {BACKEND, BACKEND_B}
+
+
+def test_affinity_keeps_a_client_on_its_endpoint_until_the_timeout(
+    loader: Loader, cgroup: Path, backend_ns: str
+) -> None:
+    dp = loader.start(cgroup)
+    program_two_endpoints(dp, layout.FLAG_AFFINITY, 10800)
+    affinity = dp.maps["kpx_affinity"]
+    first = client(backend_ns, cgroup, SERVICE, 80, "tcp")["data"]
+    ((key, value),) = affinity.items()
+    slot, _ = layout.AFFINITY_VALUE.unpack(value)
+    assert (BACKEND, BACKEND_B)[slot] == first
+    assert {client(backend_ns, cgroup, SERVICE, 80, "tcp")["data"] for _ in range(6)} == {first}
+
+    # A fresh entry decides; one older than the timeout does not (the program's clock is
+    # CLOCK_MONOTONIC). Each expired try picks at random: 16 on the old endpoint is 1 in 65,536.
+    other = 1 - slot
+    affinity.update(key, layout.AFFINITY_VALUE.pack(other, time.monotonic_ns()))
+    assert client(backend_ns, cgroup, SERVICE, 80, "tcp")["data"] == (BACKEND, BACKEND_B)[other]
+    program_two_endpoints(dp, layout.FLAG_AFFINITY, 1)
+    landed = set()
+    for _ in range(16):
+        stale = time.monotonic_ns() - 5_000_000_000
+        affinity.update(key, layout.AFFINITY_VALUE.pack(other, stale))
+        landed.add(client(backend_ns, cgroup, SERVICE, 80, "tcp")["data"])
+        refreshed = affinity.lookup(key)
+        assert refreshed is not None and layout.AFFINITY_VALUE.unpack(refreshed)[1] > stale
+    assert landed == {BACKEND, BACKEND_B}
