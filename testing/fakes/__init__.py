@@ -1,4 +1,5 @@
-"""In-memory kernels for tests and plugin authors: ``FakeIptables``, ``FakeNftables``, ``FakeIpvs``.
+"""In-memory kernels for tests and plugin authors: ``FakeIptables``, ``FakeNftables``, ``FakeIpvs``,
+``FakeEbpfMaps``.
 
 They implement the text-level kernel seams of the netfilter backends (the iptables mode's
 ``IptablesSeam``, the nftables mode's ``NftSeam``; ``FakeIpvs`` the ipvs mode's ``IpvsSeam``,
@@ -21,19 +22,23 @@ model (packets, above all).
 
 from __future__ import annotations
 
+from kubeplex.testing.fakes.ebpf import FakeEbpfMaps
 from kubeplex.testing.fakes.iptables import FakeIptables
 from kubeplex.testing.fakes.ipvs import FakeIpvs
 from kubeplex.testing.fakes.nftables import FakeNftables
 
-__all__ = ["FakeIptables", "FakeIpvs", "FakeNftables", "for_mode"]
+__all__ = ["FakeEbpfMaps", "FakeIptables", "FakeIpvs", "FakeNftables", "for_mode"]
 
 
-def for_mode(mode: str) -> FakeIptables | FakeNftables | FakeIpvs | None:
-    """A fresh fake kernel for ``mode`` ("iptables", "nftables", "ipvs"); None for others."""
+def for_mode(mode: str) -> FakeIptables | FakeNftables | FakeIpvs | FakeEbpfMaps | None:
+    """A fresh fake kernel for ``mode`` ("iptables", "nftables", "ipvs", "ebpf"); None for
+    others."""
     if mode == "iptables":
         return FakeIptables()
     if mode == "nftables":
         return FakeNftables()
     if mode == "ipvs":
         return FakeIpvs()
+    if mode == "ebpf":
+        return FakeEbpfMaps()
     return None

@@ -1,0 +1,320 @@
+"""The ebpf mode's render: from the endpoint graph to what its maps must hold, and the plan
+(``EbpfPlan``) that makes them hold it. Pure: no system call, golden-testable anywhere.
+
+What the maps hold, per Service port of each IP family:
+
+* an entry in ``kpx_svc4`` / ``kpx_svc6`` for every address and port a connection started on
+  the node may use to reach it: its ClusterIP, its externalIPs and LoadBalancer ingress IPs,
+  and its NodePort on each address NodePorts are served on (``RenderSettings``); TCP and UDP.
+  SCTP is not supported: such a Service port is left out, and the plan says so;
+* its endpoints in ``kpx_backends``, slots 0 to count-1 of its svc_id.
+
+Which endpoints: those the graph chooses (readiness, the terminating fallback, topology
+hints). A connection to the ClusterIP takes the internal traffic policy's (the local ones for
+Local); a connection to an external entry point (externalIP, LoadBalancer IP, NodePort)
+started on the node takes the cluster's, whatever the external policy, as upstream's
+short-circuit of pod and host traffic does. So a Service port with internal policy Local
+and an external entry point has two endpoint lists: the second is under its own svc_id
+(the same text with "/external"). A list without endpoints has count 0: the program refuses
+the connection. With ClientIP session affinity the entry carries the affinity flag and the
+timeout.
+
+svc_id: the first 4 bytes, big-endian, of the SHA-256 of "<service port>/<protocol>/<family>"
+("default/web:http/tcp/ipv4", "/external" appended for the second list), the hash the
+netfilter modes name their chains with. 0 is never used. On a collision the text that asked
+first keeps the id, and the other takes the next free one up (h+1, h+2, ..., wrapping past
+0): the render asks in a fixed order (IPv4 before IPv6, Service ports by name, the internal
+list before the external one), so a render from nothing is deterministic, and an id stays with
+its Service port while it exists, so a partial sync never renumbers another one.
+
+Two Service ports with the same entry point (an externalIP:port both list): the one whose
+name sorts first is written; the other is named in the plan's ``left_out`` for that address.
+
+A full render diffs the whole desired contents against the observed dump of the maps (stray
+entries are deleted); without a dump (render without root), against empty maps. A partial
+render recomputes only the changed Service ports' entries and diffs them against what the
+renderer wrote before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from kubeplex.backends.ebpf import layout
+from kubeplex.backends.ebpf.plan import RENDERED_MAPS, EbpfPlan, MapDump, describe_key, diff
+from kubeplex.core.model.graph import ProxyState, ServiceGraph
+from kubeplex.core.model.types import (
+    Endpoint,
+    IPFamily,
+    Protocol,
+    ServicePort,
+    ServicePortName,
+    family_of,
+)
+
+_PROTO_NUMBERS = {Protocol.TCP: layout.PROTO_TCP, Protocol.UDP: layout.PROTO_UDP}
+_ID_SPACE = 1 << 32
+#: Slots are u16.
+MAX_ENDPOINTS = 0xFFFF
+
+#: A Service port of one family.
+Owner = tuple[IPFamily, ServicePortName]
+#: A map entry's place: the map's name and the key's bytes.
+Place = tuple[str, bytes]
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    """What the entries depend on besides the graph (a change makes the next render full)."""
+
+    #: The node's addresses NodePorts are served on, of both families (upstream's
+    #: nodePortAddresses, resolved against the node's own addresses).
+    nodeport_addresses: tuple[str, ...] = ()
+
+
+def id_text(family: IPFamily, spn: ServicePortName, external: bool = False) -> str:
+    """What a svc_id hashes (see the module's documentation)."""
+    text = f"{spn}/{spn.protocol.lower()}/{family.lower()}"
+    return text + "/external" if external else text
+
+
+def hashed_id(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big")
+
+
+class SvcIds:
+    """svc_ids by text, each kept while its text is in use (the collision rule above)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self._texts: dict[int, str] = {}
+
+    def take(self, text: str) -> int:
+        found = self.ids.get(text)
+        if found is not None:
+            return found
+        svc_id = hashed_id(text)
+        while svc_id == 0 or svc_id in self._texts:
+            svc_id = (svc_id + 1) % _ID_SPACE
+        self.ids[text] = svc_id
+        self._texts[svc_id] = text
+        return svc_id
+
+    def release(self, text: str) -> None:
+        svc_id = self.ids.pop(text, None)
+        if svc_id is not None:
+            del self._texts[svc_id]
+
+
+@dataclass
+class Contribution:
+    """What one Service port of one family asks the maps to hold."""
+
+    #: Its entry points' entries (kpx_svc4 / kpx_svc6).
+    entries: dict[Place, bytes] = field(default_factory=dict)
+    #: Its slots (kpx_backends).
+    slots: dict[bytes, bytes] = field(default_factory=dict)
+    #: The texts of its svc_ids.
+    ids: tuple[str, ...] = ()
+    #: Why it is not programmed ("" if it is).
+    unsupported: str = ""
+
+
+def _packed(ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    return ipaddress.ip_address(ip)
+
+
+class EbpfRenderer:
+    """Renders ``ProxyState`` into an ``EbpfPlan``, keeping what it rendered for the next
+    partial render (which trusts that the previous plan was applied; ``invalidate`` after a
+    failed apply makes the next render full)."""
+
+    def __init__(self, settings: RenderSettings | None = None) -> None:
+        self.settings = settings or RenderSettings()
+        self.force_full = True
+        self.svc_ids = SvcIds()
+        self._parts: dict[Owner, Contribution] = {}
+        #: Every Service port asking for an entry point, by place.
+        self._claims: dict[Place, set[Owner]] = {}
+        #: The places more than one Service port claims.
+        self._contested: set[Place] = set()
+        #: What the maps hold after the last plan, as far as the renderer wrote them.
+        self.desired: dict[str, dict[bytes, bytes]] = {name: {} for name in RENDERED_MAPS}
+
+    def invalidate(self) -> None:
+        self.force_full = True
+
+    # --- one Service port ---------------------------------------------------------------
+
+    def _contribution(self, graph: ServiceGraph, svc: ServicePort) -> Contribution:
+        family, spn = graph.family, svc.name
+        proto = _PROTO_NUMBERS.get(svc.protocol)
+        if proto is None:
+            return Contribution(unsupported=f"{svc.protocol} is not supported by the ebpf mode")
+        chosen = graph.categorized(spn)
+        internal = chosen.local if svc.internal_policy_local else chosen.cluster
+        inside = [(svc.cluster_ip, svc.port)] if svc.cluster_ip else []
+        outside = [(ip, svc.port) for ip in (*svc.external_ips, *svc.load_balancer_vips)]
+        if svc.node_port:
+            outside += [
+                (ip, svc.node_port)
+                for ip in self.settings.nodeport_addresses
+                if family_of(ip) is family
+            ]
+        lists: list[tuple[str, tuple[Endpoint, ...], list[tuple[str, int]]]]
+        if svc.internal_policy_local and outside:
+            lists = [
+                (id_text(family, spn), internal, inside),
+                (id_text(family, spn, external=True), chosen.cluster, outside),
+            ]
+        else:
+            lists = [(id_text(family, spn), internal, inside + outside)]
+        if any(len(eps) > MAX_ENDPOINTS for _, eps, _ in lists):
+            return Contribution(unsupported=f"more than {MAX_ENDPOINTS} endpoints")
+        part = Contribution(ids=tuple(text for text, _, _ in lists))
+        svc_map = layout.SVC4.name if family is IPFamily.IPv4 else layout.SVC6.name
+        flags = layout.FLAG_AFFINITY if svc.session_affinity_client_ip else 0
+        timeout = svc.sticky_max_age_seconds if flags else 0
+        for text, endpoints, points in lists:
+            svc_id = self.svc_ids.take(text)
+            value = layout.svc_value(svc_id, len(endpoints), flags, timeout)
+            for ip, port in points:
+                part.entries[svc_map, layout.svc_key(_packed(ip), port, proto)] = value
+            for slot, ep in enumerate(endpoints):
+                key = layout.backend_key(svc_id, slot)
+                part.slots[key] = layout.backend_value(_packed(ep.ip), ep.port)
+        return part
+
+    def _forget(self, owner: Owner) -> Contribution | None:
+        part = self._parts.pop(owner, None)
+        if part is not None:
+            for place in part.entries:
+                claims = self._claims[place]
+                claims.discard(owner)
+                if not claims:
+                    del self._claims[place]
+                elif len(claims) == 1:
+                    self._contested.discard(place)
+        return part
+
+    def _add(self, owner: Owner, part: Contribution) -> None:
+        self._parts[owner] = part
+        for place in part.entries:
+            claims = self._claims.setdefault(place, set())
+            claims.add(owner)
+            if len(claims) > 1:
+                self._contested.add(place)
+
+    def _write_places(self, places: Iterable[Place]) -> None:
+        """Set ``desired`` at ``places`` to the value of the Service port that sorts first
+        among those claiming it (none: the entry goes)."""
+        for name, key in places:
+            claims = self._claims.get((name, key))
+            if claims:
+                self.desired[name][key] = self._parts[min(claims)].entries[name, key]
+            else:
+                self.desired[name].pop(key, None)
+
+    def _left_out(self) -> dict[str, str]:
+        out = {
+            f"{spn} ({family})": part.unsupported
+            for (family, spn), part in self._parts.items()
+            if part.unsupported
+        }
+        for name, key in sorted(self._contested):
+            claims = self._claims[name, key]
+            first = min(claims)
+            for family, spn in sorted(claims - {first}):
+                out[f"{spn} ({family})"] = (
+                    f"{describe_key(name, key)} is {first[1]}'s, whose name sorts first"
+                )
+        return out
+
+    # --- the render ---------------------------------------------------------------------
+
+    def render(self, state: ProxyState, observed: MapDump | None = None) -> EbpfPlan:
+        """The plan for ``state``: full if any change set asks for it (or after
+        ``invalidate``), against ``observed`` (the maps' dump; None: empty maps); else the
+        changed Service ports' entries."""
+        if self.force_full or state.is_full():
+            return self._render_full(state, observed or {})
+        return self._render_partial(state)
+
+    def _render_full(self, state: ProxyState, observed: MapDump) -> EbpfPlan:
+        owners = [
+            (family, svc)
+            for family in sorted(state.graphs, key=_family_order)
+            for svc in state.graphs[family]
+        ]
+        # Ids of Service ports that are gone are free before anyone takes a new one.
+        present = {
+            id_text(family, svc.name, external)
+            for family, svc in owners
+            for external in (False, True)
+        }
+        for text in [t for t in self.svc_ids.ids if t not in present]:
+            self.svc_ids.release(text)
+        self._parts.clear()
+        self._claims.clear()
+        self._contested.clear()
+        for family, svc in owners:
+            self._add((family, svc.name), self._contribution(state.graphs[family], svc))
+        used = {text for part in self._parts.values() for text in part.ids}
+        for text in [t for t in self.svc_ids.ids if t not in used]:
+            self.svc_ids.release(text)
+        self.desired = {name: {} for name in RENDERED_MAPS}
+        self._write_places(self._claims)
+        backends = self.desired[layout.BACKENDS.name]
+        for part in self._parts.values():
+            backends.update(part.slots)
+        self.force_full = False
+        return EbpfPlan(tuple(diff(self.desired, observed)), left_out=self._left_out())
+
+    def _render_partial(self, state: ProxyState) -> EbpfPlan:
+        # Ordered: the new entries in render order, then those that went.
+        places: dict[Place, None] = {}
+        old_slots: set[bytes] = set()
+        new_slots: dict[bytes, bytes] = {}
+        slots: dict[bytes, None] = {}
+        old_ids: set[str] = set()
+        new_ids: set[str] = set()
+        for family in sorted(state.graphs, key=_family_order):
+            graph = state.graphs[family]
+            for spn in sorted(state.changes[family].services):
+                old = self._forget((family, spn)) or Contribution()
+                svc = graph.services.get(spn)
+                new = self._contribution(graph, svc) if svc is not None else Contribution()
+                if svc is not None:
+                    self._add((family, spn), new)
+                places.update(dict.fromkeys([*new.entries, *old.entries]))
+                slots.update(dict.fromkeys([*new.slots, *old.slots]))
+                old_slots.update(old.slots)
+                new_slots.update(new.slots)
+                old_ids.update(old.ids)
+                new_ids.update(new.ids)
+        for text in old_ids - new_ids:
+            self.svc_ids.release(text)
+        backends = layout.BACKENDS.name
+        touched = {name: [key for n, key in places if n == name] for name in RENDERED_MAPS}
+        touched[backends] = list(slots)
+        before = self._held(touched)
+        self._write_places(places)
+        for key in old_slots:
+            self.desired[backends].pop(key, None)
+        self.desired[backends].update(new_slots)
+        after = self._held(touched)
+        return EbpfPlan(tuple(diff(after, before)), is_full=False, left_out=self._left_out())
+
+    def _held(self, keys: Mapping[str, list[bytes]]) -> dict[str, dict[bytes, bytes]]:
+        """``desired`` at ``keys``, per map."""
+        return {
+            name: {k: self.desired[name][k] for k in wanted if k in self.desired[name]}
+            for name, wanted in keys.items()
+        }
+
+
+def _family_order(family: IPFamily) -> int:
+    return 0 if family is IPFamily.IPv4 else 1
