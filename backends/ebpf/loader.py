@@ -12,7 +12,9 @@ the netfilter modes keep their rules.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,24 @@ from kubeplex.backends.ebpf.layout import (
 
 #: Where scripts/build-bpf.sh puts the compiled programs, inside the package.
 OBJECT_PATH = Path(__file__).parent / "objects" / "kubeplex_lb.bpf.o"
+
+# statfs(2) f_type of the two file systems the mode needs (linux/magic.h).
+BPF_FS_MAGIC = 0xCAFE4A11
+CGROUP2_SUPER_MAGIC = 0x63677270
+
+
+class LoaderError(RuntimeError):
+    """The bpffs folder or the cgroup given is not what the mode needs."""
+
+
+def filesystem_magic(path: Path) -> int:
+    """statfs(2)'s f_type of path (the first field of struct statfs)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(256)  # larger than any struct statfs
+    if libc.statfs(str(path).encode(), buf) != 0:
+        err = ctypes.get_errno()
+        raise LoaderError(f"{path}: {os.strerror(err)}")
+    return int.from_bytes(buf.raw[: ctypes.sizeof(ctypes.c_long)], sys.byteorder)
 
 
 @dataclass
@@ -92,7 +112,8 @@ class Loader:
     """The mode's pinned state under one bpffs folder."""
 
     def __init__(self, bpffs: Path | str = DEFAULT_BPFFS, object_path: Path = OBJECT_PATH) -> None:
-        self.folder = Path(bpffs) / PIN_FOLDER
+        self.bpffs = Path(bpffs)
+        self.folder = self.bpffs / PIN_FOLDER
         self.links = self.folder / "links"
         self.object_path = object_path
 
@@ -105,6 +126,10 @@ class Loader:
     def start(self, cgroup: Path | str) -> Dataplane:
         """Attaches to the cgroup2 folder, adopting each pinned link still attached there and
         every pinned map (its entries kept); loads the object only for what is missing."""
+        if filesystem_magic(self.bpffs) != BPF_FS_MAGIC:
+            raise LoaderError(f"bpffs folder {self.bpffs} is not a bpf file system mount")
+        if filesystem_magic(Path(cgroup)) != CGROUP2_SUPER_MAGIC:
+            raise LoaderError(f"cgroup {cgroup} is not a cgroup2 folder")
         cgroup_fd = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
         try:
             cgroup_id = os.fstat(cgroup_fd).st_ino

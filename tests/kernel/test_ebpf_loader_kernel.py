@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from kubeplex.backends.ebpf import layout
-from kubeplex.backends.ebpf.loader import Dataplane, Loader
+from kubeplex.backends.ebpf.loader import Dataplane, Loader, LoaderError
 
 pytestmark = pytest.mark.kernel
 
@@ -311,3 +311,15 @@ def test_affinity_keeps_a_client_on_its_endpoint_until_the_timeout(
         refreshed = affinity.lookup(key)
         assert refreshed is not None and layout.AFFINITY_VALUE.unpack(refreshed)[1] > stale
     assert landed == {BACKEND, BACKEND_B}
+
+
+def test_a_folder_that_is_not_bpffs_or_cgroup2_is_refused_by_name(
+    loader: Loader, cgroup: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(LoaderError, match=f"bpffs folder {tmp_path} is not a bpf file system"):
+        Loader(tmp_path).start(cgroup)
+    with pytest.raises(LoaderError, match=f"cgroup {tmp_path} is not a cgroup2 folder"):
+        loader.start(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    assert loader.leftovers() == []
+    assert "kpx_" not in attached(cgroup)
