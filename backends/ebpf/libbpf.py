@@ -172,6 +172,19 @@ def link_cgroup(fd: int, what: str) -> tuple[int, int]:
     return prog_id, cgroup_id
 
 
+# struct bpf_map_info's head: type, id, key_size, value_size, max_entries.
+_MAP_INFO: Final = struct.Struct("=IIIII")
+
+
+def map_info(fd: int, what: str) -> tuple[int, int, int]:
+    """(key size, value size, max entries) of a map."""
+    buf = ctypes.create_string_buffer(128)
+    size = ctypes.c_uint32(len(buf))
+    _check(library().bpf_obj_get_info_by_fd(fd, buf, ctypes.byref(size)), f"info of {what}")
+    _type, _id, key_size, value_size, max_entries = _MAP_INFO.unpack_from(buf.raw)
+    return key_size, value_size, max_entries
+
+
 def map_update(fd: int, key: bytes, value: bytes, flags: int = BPF_ANY) -> None:
     _check(library().bpf_map_update_elem(fd, key, value, flags), "map update")
 

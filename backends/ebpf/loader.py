@@ -141,8 +141,25 @@ class Loader:
         return Dataplane(self.open_maps(), attached=missing)
 
     def open_maps(self) -> dict[str, BpfMap]:
-        """The pinned maps, opened (LibbpfError when one is not pinned)."""
-        return {m.name: BpfMap(m, libbpf.obj_get(str(self.folder / m.name))) for m in MAPS}
+        """The pinned maps, opened (LibbpfError when one is not pinned); LoaderError when one
+        is not of this layout (pinned by another version: cleanup removes it)."""
+        maps: dict[str, BpfMap] = {}
+        try:
+            for m in MAPS:
+                path = str(self.folder / m.name)
+                maps[m.name] = BpfMap(m, libbpf.obj_get(path))
+                found = libbpf.map_info(maps[m.name].fd, path)
+                wanted = (m.key.size, m.value.size, m.max_entries)
+                if found != wanted:
+                    raise LoaderError(
+                        f"pinned map {path} has (key, value, entries) {found}, "
+                        f"not {wanted}: another version's; cleanup removes it"
+                    )
+        except BaseException:
+            for opened in maps.values():
+                opened.close()
+            raise
+        return maps
 
     def _adopt_link(self, program: str, cgroup_id: int) -> bool:
         """True when the pinned link of program is attached to this cgroup; a link pinned for

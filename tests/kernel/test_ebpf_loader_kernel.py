@@ -323,3 +323,16 @@ def test_a_folder_that_is_not_bpffs_or_cgroup2_is_refused_by_name(
     assert list(tmp_path.iterdir()) == []
     assert loader.leftovers() == []
     assert "kpx_" not in attached(cgroup)
+
+
+def test_a_pinned_map_of_another_layout_is_not_adopted(
+    loader: Loader, cgroup: Path, backend_ns: str
+) -> None:
+    loader.start(cgroup).close()
+    stale = loader.folder / "kpx_backends"
+    stale.unlink()
+    create = f"bpftool map create {stale} type hash key 8 value 16 entries 1024 name kpx_backends"
+    subprocess.run(create.split(), check=True)
+    with pytest.raises(LoaderError, match=rf"pinned map {stale} has .* \(8, 16, 1024\), not"):
+        Loader(loader.bpffs).start(cgroup)
+    assert {p.name for p in loader.folder.iterdir()} >= {"links", "kpx_svc4"}
