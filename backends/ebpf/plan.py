@@ -13,9 +13,10 @@ them, and deleted after the Service entries that stopped counting them::
 
 from __future__ import annotations
 
-import ipaddress
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from socket import AF_INET, AF_INET6, inet_ntop
 from typing import Protocol
 
 from kubeplex.backends.ebpf import layout
@@ -44,9 +45,10 @@ MapDump = Mapping[str, Mapping[bytes, bytes]]
 
 
 def _endpoint(addr: bytes, port: bytes) -> str:
-    ip = ipaddress.ip_address(addr)
     number = int.from_bytes(port, "big")
-    return f"[{ip}]:{number}" if ip.version == 6 else f"{ip}:{number}"
+    if len(addr) == 4:
+        return f"{inet_ntop(AF_INET, addr)}:{number}"
+    return f"[{inet_ntop(AF_INET6, addr)}]:{number}"
 
 
 def describe_key(name: str, key: bytes) -> str:
@@ -59,7 +61,7 @@ def describe_key(name: str, key: bytes) -> str:
         if name == layout.BACKENDS.name:
             svc_id, slot = layout.BACKEND_KEY.unpack(key)
             return f"svc {svc_id:#010x} slot {slot}"
-    except (ValueError, TypeError):  # struct.error is a ValueError; so is a bad address
+    except (struct.error, ValueError):  # (inet_ntop: an address of the wrong length)
         pass
     return "0x" + key.hex()
 
@@ -75,8 +77,11 @@ def describe_value(name: str, value: bytes) -> str:
             return text
         if name == layout.BACKENDS.name:
             addr, port, family = layout.BACKEND_VALUE.unpack(value)
-            return _endpoint(addr[:4] if family == layout.FAMILY_V4 else addr, port)
-    except (ValueError, TypeError):
+            if family == layout.FAMILY_V4:
+                return _endpoint(addr[:4], port)
+            if family == layout.FAMILY_V6:
+                return _endpoint(addr, port)
+    except (struct.error, ValueError):
         pass
     return "0x" + value.hex()
 

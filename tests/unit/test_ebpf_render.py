@@ -7,6 +7,7 @@ sent to the in-memory maps (FakeEbpfMaps), which must then hold exactly the desi
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from kits.render_kit import (
 )
 
 from kubeplex.backends.ebpf import layout
-from kubeplex.backends.ebpf.plan import RENDERED_MAPS, EbpfPlan, MapOp
+from kubeplex.backends.ebpf.plan import RENDERED_MAPS, EbpfPlan, MapOp, describe_value
 from kubeplex.backends.ebpf.render import EbpfRenderer, RenderSettings, SvcIds, hashed_id
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.types import IPFamily
@@ -369,10 +370,8 @@ def lab_objects_after_deleting_svc2() -> list[dict[str, Any]]:
     return [o for o in three_services() if o["metadata"]["name"] not in ("svc2", "svc2-1")]
 
 
-def _v4(ip: str, port_number: int) -> tuple[Any, int]:
-    import ipaddress
-
-    return ipaddress.ip_address(ip), port_number
+def _v4(ip: str, port_number: int) -> tuple[ipaddress.IPv4Address, int]:
+    return ipaddress.IPv4Address(ip), port_number
 
 
 def test_full_sync_deletes_strays_and_rewrites_changed_values() -> None:
@@ -405,3 +404,10 @@ def test_full_render_without_a_dump_writes_everything_and_after_invalidate_too()
     lab.renderer.invalidate()
     plan = lab.render()  # a partial checkout, made full by invalidate, against empty maps
     assert plan.full and [str(op) for op in plan.ops] == [str(op) for op in first.ops]
+
+
+def test_what_does_not_fit_the_layout_prints_as_raw_bytes() -> None:
+    value = layout.BACKEND_VALUE.pack(bytes(16), b"\0\x50", 9)  # family 9: neither
+    assert describe_value("kpx_backends", value) == "0x" + value.hex()
+    op = MapOp("kpx_svc4", b"\x01\x02")
+    assert str(op) == "delete kpx_svc4 0x0102"
