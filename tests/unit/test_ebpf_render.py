@@ -68,7 +68,9 @@ class Lab:
 
     def sync(self, full: bool = False) -> EbpfPlan:
         plan = self.render(full)
+        sent = len(self.maps.sent)
         plan.send(self.maps)
+        assert self.maps.sent[sent:] == plan.kernel_inputs()  # the bytes it says it sends
         self.assert_maps_hold_the_desired()
         return plan
 
@@ -219,6 +221,71 @@ def test_local_traffic_policies_golden() -> None:
     assert value["update kpx_svc4 172.30.0.42:80/tcp"].endswith(" count 0")
     assert value["update kpx_svc4 172.30.0.43:80/tcp"].endswith(" count 2")
     assert value["update kpx_svc4 192.168.0.2:3003/tcp"].endswith(" count 2")
+
+
+def test_terminating_fallback_and_topology_hints_as_the_graph_decides() -> None:
+    lab = Lab(
+        [
+            node_obj(),
+            web(),
+            endpoint_slice(
+                "ns1",
+                "svc1",
+                [
+                    ep("10.180.0.1", ready=False, serving=True, terminating=True),
+                    ep("10.180.0.2", ready=False, serving=False, terminating=True),
+                ],
+            ),
+        ]
+    )
+    plan = lab.sync(full=True)
+    # No ready endpoint: the serving, terminating one; never the one that stopped serving.
+    assert [str(op).split(" -> ")[1] for op in plan.ops if op.map == "kpx_backends"] == [
+        "10.180.0.1:80"
+    ]
+    hinted = endpoint_slice("ns1", "svc1", [ep("10.180.0.3"), ep("10.180.0.4")])
+    hinted["endpoints"][0]["hints"] = {"forZones": [{"name": "zone-a"}]}
+    hinted["endpoints"][1]["hints"] = {"forZones": [{"name": "zone-b"}]}
+    node = node_obj()
+    node["metadata"]["labels"] = {"topology.kubernetes.io/zone": "zone-a"}
+    lab.feed([node, hinted])
+    lab.sync(full=True)
+    assert [str(op) for op in lab.render(full=True).ops] == []
+    assert [describe_value("kpx_backends", v) for v in lab.maps.dump("kpx_backends").values()] == [
+        "10.180.0.3:80"
+    ]
+
+
+def test_a_dual_stack_service_has_a_svc_id_per_family() -> None:
+    lab = Lab(
+        [
+            node_obj(("192.168.0.2", "fd00::2")),
+            service(
+                "ns1",
+                "svc1",
+                "172.30.0.41",
+                [port()],
+                clusterIPs=["172.30.0.41", "fd00:10:96::41"],
+                ipFamilies=["IPv4", "IPv6"],
+                ipFamilyPolicy="RequireDualStack",
+            ),
+            endpoint_slice("ns1", "svc1", [ep("10.180.0.1")]),
+            endpoint_slice("ns1", "svc1", [ep("fd00:10:180::1")], family="IPv6", name="v6"),
+        ],
+        families=(V4, V6),
+    )
+    lab.sync(full=True)
+    (v4,) = lab.maps.dump("kpx_svc4").values()
+    (v6,) = lab.maps.dump("kpx_svc6").values()
+    v4_id, v6_id = layout.SVC_VALUE.unpack(v4)[0], layout.SVC_VALUE.unpack(v6)[0]
+    assert (v4_id, v6_id) == (
+        hashed_id("ns1/svc1:p80/tcp/ipv4"),
+        hashed_id("ns1/svc1:p80/tcp/ipv6"),
+    )
+    assert {describe_value("kpx_backends", v) for v in lab.maps.dump("kpx_backends").values()} == {
+        "10.180.0.1:80",
+        "[fd00:10:180::1]:80",
+    }
 
 
 def test_sctp_is_left_out_and_said() -> None:
