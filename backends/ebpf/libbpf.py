@@ -37,6 +37,8 @@ _SIGNATURES: Final[dict[str, tuple[type | None, list[type]]]] = {
     "bpf_map__set_pin_path": (_I, [_P, _S]),
     "bpf_map__fd": (_I, [_P]),
     "bpf_program__attach_cgroup": (_P, [_P, _I]),
+    "bpf_program__fd": (_I, [_P]),
+    "bpf_link_update": (_I, [_I, _I, _P]),
     "bpf_link__pin": (_I, [_P, _S]),
     "bpf_link__destroy": (_I, [_P]),
     "bpf_obj_get": (_I, [_S]),
@@ -138,6 +140,15 @@ def map_fd(map_: MapPtr) -> int:
 
 def attach_cgroup(prog: ProgramPtr, cgroup_fd: int, what: str) -> LinkPtr:
     return LinkPtr(_pointer(library().bpf_program__attach_cgroup(prog, cgroup_fd), what))
+
+
+def program_fd(prog: ProgramPtr, what: str) -> int:
+    return _check(library().bpf_program__fd(prog), f"fd of {what}")
+
+
+def link_update(fd: int, prog_fd: int, what: str) -> None:
+    """Switches the link to another program, atomically: the hook is never left empty."""
+    _check(library().bpf_link_update(fd, prog_fd, None), f"update {what}")
 
 
 def pin_link(link: LinkPtr, path: str) -> None:

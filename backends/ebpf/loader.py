@@ -133,9 +133,13 @@ class Loader:
         cgroup_fd = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
         try:
             cgroup_id = os.fstat(cgroup_fd).st_ino
-            missing = [p for p in PROGRAMS if not self._adopt_link(p, cgroup_id)]
-            if missing or not all((self.folder / m.name).exists() for m in MAPS):
-                self._load(cgroup_fd, missing)
+            maps_pinned = all((self.folder / m.name).exists() for m in MAPS)
+            adopted = [p for p in PROGRAMS if self._adopt_link(p, cgroup_id)]
+            missing = [p for p in PROGRAMS if p not in adopted]
+            if missing or not maps_pinned:
+                # An adopted link's program uses the maps it was loaded with: when one of them
+                # is no longer pinned, the link is switched to a program on the pinned maps.
+                self._load(cgroup_fd, missing, [] if maps_pinned else adopted)
         finally:
             os.close(cgroup_fd)
         return Dataplane(self.open_maps(), attached=missing)
@@ -179,7 +183,9 @@ class Loader:
         pin.unlink()
         return False
 
-    def _load(self, cgroup_fd: int, programs: list[str]) -> None:
+    def _load(self, cgroup_fd: int, attach: list[str], update: list[str]) -> None:
+        """Loads the object on the pinned maps (pinning those missing); attaches and pins the
+        programs of attach, and switches the pinned links of update to the new programs."""
         self.links.mkdir(parents=True, exist_ok=True)
         path = str(self.object_path)
         obj = libbpf.open_object(path)
@@ -187,7 +193,15 @@ class Loader:
             for m in MAPS:
                 libbpf.set_map_pin_path(libbpf.find_map(obj, m.name), str(self.folder / m.name))
             libbpf.load_object(obj, path)
-            for program in programs:
+            for program in update:
+                prog = libbpf.find_program(obj, PROGRAM_PREFIX + program)
+                pin = str(self.links / program)
+                fd = libbpf.obj_get(pin)
+                try:
+                    libbpf.link_update(fd, libbpf.program_fd(prog, program), pin)
+                finally:
+                    os.close(fd)
+            for program in attach:
                 prog = libbpf.find_program(obj, PROGRAM_PREFIX + program)
                 link = libbpf.attach_cgroup(prog, cgroup_fd, f"attach {program}")
                 try:

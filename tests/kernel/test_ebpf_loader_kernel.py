@@ -258,6 +258,23 @@ def test_a_link_lost_from_the_pins_is_attached_again_keeping_the_maps(
     second.close()
 
 
+def test_a_map_lost_from_the_pins_is_made_again_and_the_links_use_it(
+    loader: Loader, cgroup: Path, backend_ns: str, bpffs: Path
+) -> None:
+    first = loader.start(cgroup)
+    program_service(first, SERVICE, 80, layout.PROTO_TCP, 8080)
+    first.close()
+    loader.folder.joinpath("kpx_svc4").unlink()
+
+    second = Loader(bpffs).start(cgroup)
+    assert second.adopted  # the same links, switched to programs on the new map
+    assert list(second.maps["kpx_svc4"].keys()) == []
+    assert client(backend_ns, cgroup, SERVICE, 80, "tcp") == {"errno": errno.ENETUNREACH}
+    program_service(second, SERVICE, 80, layout.PROTO_TCP, 8080)
+    assert client(backend_ns, cgroup, SERVICE, 80, "tcp")["data"] == BACKEND
+    second.close()
+
+
 def test_cleanup_detaches_and_unpins_everything(
     loader: Loader, cgroup: Path, backend_ns: str
 ) -> None:
