@@ -170,16 +170,21 @@ def link_detach(fd: int, what: str) -> None:
     _check(library().bpf_link_detach(fd), f"detach {what}")
 
 
+def _info(fd: int, what: str) -> bytes:
+    """bpf_obj_get_info_by_fd's answer, zero-filled past what this kernel writes."""
+    buf = ctypes.create_string_buffer(128)  # more than the heads read here
+    size = ctypes.c_uint32(len(buf))
+    _check(library().bpf_obj_get_info_by_fd(fd, buf, ctypes.byref(size)), f"info of {what}")
+    return buf.raw
+
+
 # struct bpf_link_info's head and its cgroup member: type, id, prog_id, then the union (8-aligned).
 _LINK_INFO_CGROUP: Final = struct.Struct("=III4xQI")
 
 
 def link_cgroup(fd: int, what: str) -> tuple[int, int]:
     """(program id, cgroup id) of a cgroup link; the cgroup id is its folder's inode number."""
-    buf = ctypes.create_string_buffer(64)
-    size = ctypes.c_uint32(len(buf))
-    _check(library().bpf_obj_get_info_by_fd(fd, buf, ctypes.byref(size)), f"info of {what}")
-    _type, _id, prog_id, cgroup_id, _attach = _LINK_INFO_CGROUP.unpack_from(buf.raw)
+    _type, _id, prog_id, cgroup_id, _attach = _LINK_INFO_CGROUP.unpack_from(_info(fd, what))
     return prog_id, cgroup_id
 
 
@@ -189,10 +194,7 @@ _MAP_INFO: Final = struct.Struct("=IIIII")
 
 def map_info(fd: int, what: str) -> tuple[int, int, int]:
     """(key size, value size, max entries) of a map."""
-    buf = ctypes.create_string_buffer(128)
-    size = ctypes.c_uint32(len(buf))
-    _check(library().bpf_obj_get_info_by_fd(fd, buf, ctypes.byref(size)), f"info of {what}")
-    _type, _id, key_size, value_size, max_entries = _MAP_INFO.unpack_from(buf.raw)
+    _type, _id, key_size, value_size, max_entries = _MAP_INFO.unpack_from(_info(fd, what))
     return key_size, value_size, max_entries
 
 

@@ -171,6 +171,13 @@ def program_service(
     backends.update(layout.backend_key(svc_id, 0), layout.backend_value(backend, backend_port))
 
 
+def start_with_a_service(loader: Loader, cgroup: Path) -> None:
+    """A start that programs one Service, then goes (as the daemon may), leaving its pins."""
+    dp = loader.start(cgroup)
+    program_service(dp, SERVICE, 80, layout.PROTO_TCP, 8080)
+    dp.close()
+
+
 def program_two_endpoints(dp: Dataplane, flags: int = 0, timeout: int = 0) -> None:
     svc_id = 42
     key = layout.svc_key(ip_address(SERVICE), 80, layout.PROTO_TCP)
@@ -246,9 +253,7 @@ def test_a_second_start_adopts_the_pinned_links_and_maps(
 def test_a_link_lost_from_the_pins_is_attached_again_keeping_the_maps(
     loader: Loader, cgroup: Path, backend_ns: str, bpffs: Path
 ) -> None:
-    first = loader.start(cgroup)
-    program_service(first, SERVICE, 80, layout.PROTO_TCP, 8080)
-    first.close()
+    start_with_a_service(loader, cgroup)
     loader.links.joinpath("connect4").unlink()  # its link goes with its last reference
     assert client(backend_ns, cgroup, SERVICE, 80, "tcp") == {"errno": errno.ENETUNREACH}
 
@@ -261,9 +266,7 @@ def test_a_link_lost_from_the_pins_is_attached_again_keeping_the_maps(
 def test_a_map_lost_from_the_pins_is_made_again_and_the_links_use_it(
     loader: Loader, cgroup: Path, backend_ns: str, bpffs: Path
 ) -> None:
-    first = loader.start(cgroup)
-    program_service(first, SERVICE, 80, layout.PROTO_TCP, 8080)
-    first.close()
+    start_with_a_service(loader, cgroup)
     loader.folder.joinpath("kpx_svc4").unlink()
 
     second = Loader(bpffs).start(cgroup)
@@ -278,9 +281,7 @@ def test_a_map_lost_from_the_pins_is_made_again_and_the_links_use_it(
 def test_cleanup_detaches_and_unpins_everything(
     loader: Loader, cgroup: Path, backend_ns: str
 ) -> None:
-    dp = loader.start(cgroup)
-    program_service(dp, SERVICE, 80, layout.PROTO_TCP, 8080)
-    dp.close()
+    start_with_a_service(loader, cgroup)
     pinned = {str(loader.folder / m.name) for m in layout.MAPS}
     pinned |= {str(loader.links / p) for p in layout.PROGRAMS}
     assert set(loader.leftovers()) == pinned
