@@ -219,7 +219,8 @@ class NftablesBackend(
         or else of every chain (the tables listed whole, without set elements). None: no
         record, or a table is gone."""
         recorded = {_ip(r.settings.family) for r in self.renderers if not r.force_full}
-        if not set(full) <= recorded:
+        if not set(full) <= recorded:  # a table rewritten whole: its base is read first
+            self._records.rewriting(self.kernel)
             return None
         changed = self._records.changed(self.kernel, full)
         if changed is not None:
@@ -479,8 +480,10 @@ class NftablesBackend(
             | set(setup)
         )
         drifted = {d.chain for d in plan.repaired}
+        # Chains awaiting deletion were left out of the write: not all of the table was set.
+        whole = not self.renderers[plan.settings.family].pending_chain_deletes
         self._records.written(
-            self.kernel, plan.settings.ip, plan.full, touched, drifted, plan.trusted
+            self.kernel, plan.settings.ip, plan.full, touched, drifted, plan.trusted, whole
         )
 
     def invalidate(self) -> None:

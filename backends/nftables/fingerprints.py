@@ -63,15 +63,29 @@ class ChainRecords:
     ``changed`` reads the tables at a trusted full sync; ``written`` records what a write
     left, reading again only the chains it touched. A seam that cannot read fingerprints, a
     failed read, or a failed write (``forget``) leaves no record: the next trusted full sync
-    lists the tables whole, as nft prints them."""
+    lists the tables whole, as nft prints them.
+
+    A table that kubeplex rewrote whole (``rewriting``; after a start, or a failed sync)
+    needs no record while the ruleset generation stays ours from that rewrite on
+    (generation.py): it holds what kubeplex wrote, and a trusted full sync reads nothing."""
 
     def __init__(self) -> None:
         self._recorded: dict[str, Fingerprints] = {}
         #: What ``changed`` read, by table, with the chains found changed: the record of the
         #: chains this sync's write leaves alone.
         self._read: dict[str, tuple[Fingerprints, set[str]]] = {}
+        #: Tables rewritten whole, without a record, while the generation is ours since.
+        self._rewritten: set[str] = set()
         #: Trusted full syncs that found the ruleset generation unchanged and read no rules.
         self.skipped = 0
+
+    def rewriting(self, kernel: object) -> None:
+        """A full sync that rewrites a table whole lists the tables next: the generation
+        then is the rewrite's base, if nothing else is known to be ours (no record: a
+        start, or after a failure; a record would have to be compared anyway)."""
+        if isinstance(kernel, GenerationSeam):
+            unknown = not self._recorded and kernel.generations.ours is None
+            kernel.generations.rewriting(kernel.generation() if unknown else None)
 
     def changed(self, kernel: object, families: Collection[str]) -> dict[str, set[str]] | None:
         """The chains of each table that differ from the record; None where there is no
@@ -80,12 +94,17 @@ class ChainRecords:
         if not isinstance(kernel, FingerprintSeam):
             return None
         if isinstance(kernel, GenerationSeam) and (now := kernel.generation()) is not None:
-            if kernel.generations.unchanged(now) and all(f in self._recorded for f in families):
-                # Nothing was committed since kubeplex's last look: the record holds.
+            known = self._recorded.keys() | self._rewritten
+            if kernel.generations.unchanged(now) and known >= set(families):
+                # Nothing was committed since kubeplex's last look or whole rewrite: the
+                # record (or the rewrite) holds.
                 self.skipped += 1
-                self._read.update((f, (self._recorded[f], set())) for f in families)
+                self._read.update(
+                    (f, (self._recorded[f], set())) for f in families if f in self._recorded
+                )
                 return {f: set() for f in families}
             kernel.generations.read(now)
+        self._rewritten.clear()  # another writer since: the tables are compared whole
         out = {}
         for fam in families:
             recorded = self._recorded.get(fam)
@@ -105,6 +124,7 @@ class ChainRecords:
         touched: Collection[str],
         drifted: set[str],
         trusted: bool = True,
+        whole: bool = True,
     ) -> None:
         """Record the table ``fam`` after a successful write (a ``full`` one or not) that
         flushed, filled or deleted the ``touched`` chains. ``drifted``: chains whose rules
@@ -112,18 +132,26 @@ class ChainRecords:
         them: the next full sync compares them again). An untrusted full write (after a
         start, or a failure) records nothing: the dump of a whole table costs a good part of
         that write, and ``kubeplex run --once`` would never use it; the first trusted full
-        sync after it lists the table whole and records it."""
+        sync after it lists the table whole and records it, unless the generation says nothing
+        else was committed since the rewrite: the table holds what kubeplex wrote, with no
+        record to make. ``whole``: the untrusted write flushed every chain of the table
+        (else, chains awaiting deletion, it cannot stand for a record)."""
         read = self._read.pop(fam, None)
         if not isinstance(kernel, FingerprintSeam):
+            return
+        if full and not trusted:
+            self._recorded.pop(fam, None)
+            self._rewritten.discard(fam)
+            if whole and isinstance(kernel, GenerationSeam) and kernel.generations.rewritten():
+                self._rewritten.add(fam)
+            return
+        if fam in self._rewritten:  # kubeplex's own write since the rewrite: still no record
             return
         again = set(touched)
         if read is not None:  # a trusted full sync: the chains it read stay as they were
             held, changed = read
             before = {c: rules for c, rules in held.items() if c not in changed}
             again |= changed - drifted
-        elif full and not trusted:  # a start or a rewrite: no record until a trusted one
-            self._recorded.pop(fam, None)
-            return
         elif full:  # a trusted full sync that listed the table whole: the first record
             before, again = {}, set()
         elif fam in self._recorded:
@@ -144,3 +172,4 @@ class ChainRecords:
     def forget(self) -> None:
         self._recorded.clear()
         self._read.clear()
+        self._rewritten.clear()

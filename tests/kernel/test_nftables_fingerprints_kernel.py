@@ -37,11 +37,14 @@ def nft(ns: str, *args: str) -> str:
 
 
 def synced(netns: str) -> tuple[Harness, Listing, str]:
-    """Three Services programmed, then one trusted full sync; and one Service's chain."""
+    """Three Services programmed, then one trusted full sync that reads the table and makes
+    the record (another table's commit before it: else the ruleset generation says the
+    start's whole rewrite still holds, and nothing is read); and one Service's chain."""
     kernel = Listing(netns)
     h = Harness(many_services(3), families=(V4,))
     h.backend = NftablesBackend(BackendContext(h.cfg, NODE, (V4,), netns=netns, kernel=kernel))
     assert h.backend.sync(h.cluster.checkout(full=True)).full
+    nft(netns, "add", "table", "inet", "other")
     assert not full_sync(h).repaired
     chain = next(c for c in h.backend.renderers[V4].applied_chains if c.startswith("service-"))
     return h, kernel, chain

@@ -11,6 +11,7 @@ from kubeplex.backends.nftables.fingerprints import (
     after_write,
     changed_chains,
 )
+from kubeplex.backends.nftables.generation import GenerationGate
 
 
 def test_changed_chains_are_those_with_other_rules_or_on_one_side_only() -> None:
@@ -78,3 +79,61 @@ def test_a_seam_without_fingerprints_keeps_no_record() -> None:
     records = ChainRecords()
     records.written(object(), "ip", full=True, touched={"a"}, drifted=set())
     assert records.changed(object(), ["ip"]) is None
+
+
+class Generations(Kernel):
+    """The same seam with a ruleset generation; ``commit`` stands for a writer's commit,
+    ``write`` for one of kubeplex's, followed as the real seam follows it."""
+
+    def __init__(self, table: Fingerprints) -> None:
+        super().__init__(table)
+        self.generations = GenerationGate()
+        self.now = 5
+
+    def generation(self) -> int | None:
+        return self.now
+
+    def commit(self) -> None:
+        self.now += 1
+
+    def write(self) -> None:
+        before = self.now if self.generations.following else None
+        self.commit()
+        self.generations.wrote(before, self.now if before is not None else None, 1)
+
+
+def test_a_whole_rewrite_stands_for_a_record_while_the_generation_is_ours() -> None:
+    kernel = Generations({"fixed": (b"f",), "svc-a": (b"a",)})
+    records = ChainRecords()
+    records.rewriting(kernel)  # a start: the base is read before the listing
+    kernel.write()
+    records.written(kernel, "ip", full=True, touched=(), drifted=set(), trusted=False)
+    assert records.changed(kernel, ["ip"]) == {"ip": set()}  # nothing read
+    records.written(kernel, "ip", full=True, touched={"fixed"}, drifted=set())
+    kernel.write()  # a partial one of kubeplex's own
+    records.written(kernel, "ip", full=False, touched={"svc-a"}, drifted=set())
+    assert records.changed(kernel, ["ip"]) == {"ip": set()}
+    assert kernel.reads == [] and records.skipped == 2
+    # Another writer: no record to compare with, the table is listed whole and recorded.
+    kernel.commit()
+    assert records.changed(kernel, ["ip"]) is None
+    records.written(kernel, "ip", full=True, touched=(), drifted=set())
+    assert kernel.reads == [None]
+    assert records.changed(kernel, ["ip"]) == {"ip": set()}
+
+
+def test_a_rewrite_does_not_stand_for_a_record_when_it_cannot_vouch_for_the_table() -> None:
+    kernel = Generations({"fixed": (b"f",)})
+    records = ChainRecords()
+    records.rewriting(kernel)
+    kernel.commit()  # between the listing and the rewrite
+    kernel.write()
+    records.written(kernel, "ip", full=True, touched=(), drifted=set(), trusted=False)
+    assert records.changed(kernel, ["ip"]) is None
+    # Chains awaiting deletion were left out of the write.
+    records.forget()
+    kernel.generations.forget()
+    records.rewriting(kernel)
+    kernel.write()
+    records.written(kernel, "ip", True, (), set(), trusted=False, whole=False)
+    assert records.changed(kernel, ["ip"]) is None

@@ -61,3 +61,34 @@ def test_reading_the_tables_again_makes_a_new_start() -> None:
     assert gate.unchanged(9)
     gate.forget()
     assert not gate.unchanged(9)
+
+
+def test_a_whole_rewrite_makes_ours_from_its_base() -> None:
+    gate = GenerationGate()
+    gate.rewriting(7)  # read before the tables were listed
+    assert gate.following
+    gate.wrote(7, 8, 1)  # a pending deletion
+    gate.wrote(8, 11, 3)  # the rewrite, in stages
+    assert gate.ours is None  # not until the rewrite is done
+    assert gate.rewritten()
+    assert gate.unchanged(11)
+    assert gate.rewrite is None
+
+
+def test_a_commit_between_the_listing_and_the_rewrite_is_not_ours() -> None:
+    gate = GenerationGate()
+    gate.rewriting(7)
+    gate.wrote(8, 9, 1)  # 7 -> 8 was another writer's
+    assert not gate.rewritten()
+    assert not gate.unchanged(9)
+
+
+def test_a_rewrite_that_was_not_read_or_failed_is_not_ours() -> None:
+    gate = GenerationGate()
+    gate.rewriting(None)
+    assert not gate.following
+    assert not gate.rewritten()
+    gate.rewriting(7)
+    gate.forget()  # the write failed
+    assert not gate.rewritten()
+    assert gate.ours is None
