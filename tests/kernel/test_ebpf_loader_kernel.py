@@ -6,26 +6,23 @@ from __future__ import annotations
 
 import errno
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
-import uuid
 from collections.abc import Iterator
 from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kits.ebpf_kit import own_bpffs, own_cgroup, own_loader
 
 from kubeplex.backends.ebpf import layout
 from kubeplex.backends.ebpf.loader import Dataplane, Loader, LoaderError
 
 pytestmark = pytest.mark.kernel
 
-CGROUP2 = Path("/sys/fs/cgroup/unified")
 SERVICE, SERVICE6 = "10.96.0.10", "fd00:96::10"
 BACKEND, BACKEND6 = "10.244.1.5", "fd00:244::5"
 BACKEND_B = "10.244.1.6"
@@ -80,33 +77,16 @@ CLIENT = textwrap.dedent(
 )
 
 
-def _missing() -> str | None:
-    if shutil.which("bpftool") is None:
-        return "bpftool is not installed (scripts/setup.sh with KUBEPLEX_BPF_TOOLS=1)"
-    if not (CGROUP2 / "cgroup.procs").exists():
-        return f"no cgroup2 mounted at {CGROUP2}"
-    return Loader().missing()
-
-
 @pytest.fixture
 def bpffs() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="kpx-bpffs-"))
-    subprocess.run(["mount", "-t", "bpf", "bpf", str(folder)], check=True)
-    try:
+    with own_bpffs() as folder:
         yield folder
-    finally:
-        subprocess.run(["umount", str(folder)], check=False)
-        folder.rmdir()
 
 
 @pytest.fixture
 def cgroup() -> Iterator[Path]:
-    path = CGROUP2 / f"kpx-test-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    try:
+    with own_cgroup() as path:
         yield path
-    finally:
-        path.rmdir()
 
 
 @pytest.fixture
@@ -133,14 +113,8 @@ def backend_ns(netns: str) -> Iterator[str]:
 
 @pytest.fixture
 def loader(bpffs: Path) -> Iterator[Loader]:
-    reason = _missing()
-    if reason:
-        pytest.skip(reason)
-    loader = Loader(bpffs)
-    try:
-        yield loader
-    finally:
-        loader.cleanup()
+    with own_loader(bpffs) as made:
+        yield made
 
 
 def client(netns: str, cgroup: Path | None, host: str, port: int, proto: str) -> dict[str, Any]:
