@@ -13,7 +13,10 @@ Prints, for each size, in one run (root; everything happens in throw-away networ
   nft fetches every chain of the netns first);
 * peak RSS of the `run --once` process (should grow linearly with the cluster);
 * a periodic full sync (the renderer trusts its record of the table), and the rewrite of the
-  whole table after a restart or a failed sync (one transaction);
+  whole table after a restart or a failed sync (one transaction); then the first periodic
+  full sync after that rewrite, with nothing else written since (the generation stands for a
+  record: no rules read), and (up to --slow-max) after another table's commit (no record:
+  the table listed whole through nft);
 * the kernel's floors, over netlink (no nft userspace at all): any commit (one element added to
   a plain set: the commit walks every chain), and one rule or verdict element with a jump or
   goto (the commit then validates the table's whole jump graph).
@@ -166,7 +169,7 @@ def bench_size(n: int, repeat: int, work: Path, slow_max: int) -> dict[str, Any]
         # Periodic full syncs (the renderer trusts its record): with nothing else written
         # since (the ruleset generation tells: no rule dump), and after another writer's
         # commit (another table's: the rules are dumped and compared).
-        assert proxier.sync(full=True)  # reads the tables: the generation is kubeplex's
+        assert proxier.sync(full=True)  # reads the tables (the floors above committed)
         quiet, foreign = [], []
         for i in range(max(repeat, 5)):
             t0 = time.perf_counter()
@@ -189,6 +192,13 @@ def bench_size(n: int, repeat: int, work: Path, slow_max: int) -> dict[str, Any]
         t0 = time.perf_counter()
         assert proxier.sync(full=True)
         rewrite = time.perf_counter() - t0
+        first_full = full_sync_s(proxier)
+        first_foreign = None
+        if n <= slow_max:
+            backend.invalidate()
+            assert proxier.sync(full=True)
+            subprocess.run(["ip", "netns", "exec", ns, "nft", "add table inet other"], check=True)
+            first_foreign = full_sync_s(proxier)
     return {
         "services": n,
         "rules": rules,
@@ -205,11 +215,20 @@ def bench_size(n: int, repeat: int, work: Path, slow_max: int) -> dict[str, Any]
         "foreign_full_s": statistics.median(foreign),
         "generation_ms": generation_ms,
         "rewrite_s": rewrite,
+        "first_full_s": first_full,
+        "first_foreign_s": first_foreign,
         **floors_k,
     }
 
 
+def full_sync_s(proxier: Proxier) -> float:
+    t0 = time.perf_counter()
+    assert proxier.sync(full=True)
+    return time.perf_counter() - t0
+
+
 def report(r: dict[str, Any]) -> str:
+    foreign = r["first_foreign_s"]
     return (
         f"{r['services']:>6} services {r['rules']:>7} rules"
         f" | nft -f floor {r['floor_s']:.3f} s"
@@ -225,7 +244,9 @@ def report(r: dict[str, Any]) -> str:
         f" (after another writer's commit {r['foreign_full_s']:.2f} s;"
         f" generation read {r['generation_ms']:.2f} ms)"
         f" | rewrite of the table (restart) {r['rewrite_s']:.2f} s"
-        f" | peak RSS {r['peak_rss_mb']:.0f} MB"
+        f" | first periodic full sync after it {r['first_full_s']:.2f} s"
+        + (f" (after another writer's commit {foreign:.2f} s)" if foreign is not None else "")
+        + f" | peak RSS {r['peak_rss_mb']:.0f} MB"
     )
 
 
