@@ -26,7 +26,6 @@ from kubeplex.backends.iptables.rules import (
 )
 from kubeplex.backends.netfilter.artifacts import Artifacts, removal
 from kubeplex.backends.netfilter.iptables import Iptables, IptablesSeam, SavedRuleset
-from kubeplex.backends.netfilter.nodeports import node_port_ips
 from kubeplex.backends.netfilter.rollback import Before, restore_all
 from kubeplex.core.config.localdetect import local_detector
 from kubeplex.core.dataplane.backend import (
@@ -39,6 +38,7 @@ from kubeplex.core.dataplane.backend import (
     ProgrammedService,
     Sample,
 )
+from kubeplex.core.dataplane.nodeports import node_port_ips
 from kubeplex.core.model.graph import ChangeSet, ProxyState, ServiceGraph
 from kubeplex.core.model.types import IPFamily, ServicePortName, family_of
 

@@ -10,9 +10,10 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from kubeplex.backends.netfilter.marks import masquerade_mark
-from kubeplex.backends.netfilter.nodeports import node_port_ips, usable_node_address
+from kubeplex.backends.netfilter.nodeports import usable_node_address
 from kubeplex.core.config.kubeproxy import KubeProxyConfiguration
 from kubeplex.core.config.localdetect import LocalDetector, local_detector
+from kubeplex.core.dataplane.nodeports import node_port_ips
 from kubeplex.core.model.types import IPFamily, NodeInfo, family_of
 
 #: Upstream's defaultScheduler.

@@ -27,7 +27,6 @@ import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kubeplex.backends.netfilter.nodeports import node_port_ips
 from kubeplex.backends.nftables import names
 from kubeplex.backends.nftables.fingerprints import ChainRecords
 from kubeplex.backends.nftables.generation import GenerationSeam
@@ -56,6 +55,7 @@ from kubeplex.core.dataplane.backend import (
     Sample,
     SyncResult,
 )
+from kubeplex.core.dataplane.nodeports import node_port_ips
 from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.graph import ChangeSet, ProxyState, ServiceGraph
 from kubeplex.core.model.types import IPFamily, NodeInfo, ServicePortName, family_of

@@ -1,10 +1,10 @@
-"""nodePortAddresses, one rule for every mode (backends/netfilter/nodeports.py), as upstream's
+"""nodePortAddresses, one rule for every mode (core/dataplane/nodeports.py), as upstream's
 NodePortAddresses with cmd/kube-proxy's "primary"; the modes differ only in the addresses
 they choose from (the iptables and ipvs modes read the interfaces', nftables the Node's)."""
 
 from __future__ import annotations
 
-from kubeplex.backends.netfilter.nodeports import node_port_ips
+from kubeplex.core.dataplane.nodeports import node_port_ips
 from kubeplex.core.model.types import IPFamily, NodeInfo
 
 V4, V6 = IPFamily.IPv4, IPFamily.IPv6
