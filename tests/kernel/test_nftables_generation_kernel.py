@@ -5,7 +5,7 @@ table, makes it dump and compare them again (root, a throw-away namespace)."""
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import pytest
 from kits.nftables_kit import NODE, Harness, many_services
@@ -200,3 +200,26 @@ def test_a_commit_between_the_starts_listing_and_its_rewrite_is_not_ours(netns: 
     assert kernel.generations.ours is None
     assert not full_sync(h).repaired
     assert "list table ip kube-proxy\n" in kernel.rules_listed()
+
+
+class Staging(Counting):
+    """The real kernel, counting the transactions sent in stages."""
+
+    staged = 0
+
+    def run_stages(self, texts: Sequence[str], empty_tables: bool = True) -> None:
+        self.staged += len(texts)
+        super().run_stages(texts, empty_tables)
+
+
+def test_a_start_loaded_in_stages_reads_no_rules_either(
+    netns: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kubeplex.backends.nftables as backend_module
+
+    monkeypatch.setattr(backend_module, "STAGE_LINES", 50)
+    monkeypatch.setattr(backend_module, "STAGE_MIN_LINES", 0)
+    h, kernel, _ = started(netns, Staging(netns))
+    assert isinstance(kernel, Staging) and kernel.staged > 2
+    assert not full_sync(h).repaired
+    assert (kernel.rules_listed(), kernel.rule_reads) == ([], 0)
