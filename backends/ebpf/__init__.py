@@ -1,2 +1,165 @@
 """The ebpf mode: Services load-balanced at the socket by cgroup BPF programs (bpf/), whose maps
-are laid out in layout.py, loaded and pinned by loader.py through libbpf.py."""
+are laid out in layout.py, loaded and pinned by loader.py through libbpf.py.
+
+``EbpfBackend`` joins them: ``observe`` dumps the maps the render writes, ``render`` is
+render.py's (graph to map operations), and ``apply`` sends the plan through the map seam
+(maps.py over the pinned maps, or ``FakeEbpfMaps``): the only step that touches the kernel.
+``prepare`` loads and attaches (or adopts what an earlier start pinned); ``cleanup`` detaches
+and unpins it all.
+
+Not done yet, so not declared: traffic from outside the node (NodePorts, externalIPs and
+LoadBalancer IPs reached from other hosts), SCTP, loopback NodePorts, loadBalancerSourceRanges
+and rejecting unused ClusterIP ports (``describe`` lists them for ``kubeplex backends``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from kubeplex.backends.ebpf import requirements
+from kubeplex.backends.ebpf.libbpf import LibbpfMissing
+from kubeplex.backends.ebpf.loader import Loader, LoaderError
+from kubeplex.backends.ebpf.maps import PinnedMaps
+from kubeplex.backends.ebpf.options import EbpfOptions
+from kubeplex.backends.ebpf.plan import RENDERED_MAPS, EbpfPlan, MapDump, MapSeam
+from kubeplex.backends.ebpf.render import EbpfRenderer, RenderSettings
+from kubeplex.core.dataplane import plugins
+from kubeplex.core.dataplane.backend import Backend, BackendContext, CleanupReport, SyncResult
+from kubeplex.core.dataplane.nodeports import node_port_ips
+from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.graph import ProxyState
+from kubeplex.core.model.types import IPFamily, NodeInfo
+
+MODE = "ebpf"
+
+#: What the mode does not do yet (the kit has no capability name for the first).
+NOT_YET = (
+    "traffic from outside the node (NodePorts, externalIPs, LoadBalancer IPs from other hosts)",
+    "SCTP Services",
+    "NodePorts on loopback addresses",
+    "loadBalancerSourceRanges",
+    "rejecting traffic to unused ClusterIP ports",
+)
+
+
+def nodeport_addresses(addresses: Collection[str], node: NodeInfo) -> tuple[str, ...]:
+    """The node addresses NodePorts are served on, both families: nodePortAddresses' choice
+    among the Node's own, all of them (but loopback) where it matches everything."""
+    chosen: list[str] = []
+    for family in (IPFamily.IPv4, IPFamily.IPv6):
+        own = node.addresses_of(family)
+        picked = node_port_ips(list(addresses), node, family, own)
+        if picked is None:
+            picked = tuple(ip for ip in own if not ipaddress.ip_address(ip).is_loopback)
+        chosen += picked
+    return tuple(chosen)
+
+
+class EbpfBackend(Backend[MapSeam, MapDump]):
+    """See the module's documentation."""
+
+    mode = MODE
+    capabilities = frozenset({"session-affinity", "ipv6"})
+    #: Connections started on the node are translated at the socket: conntrack holds no NAT.
+    uses_conntrack = False
+
+    def __init__(self, ctx: BackendContext, options: Mapping[str, Any] | None = None) -> None:
+        raw = plugins.backend_options(MODE) if options is None else options
+        self.options = EbpfOptions.parse(raw)
+        self.loader = Loader(self.options.bpffs)
+        super().__init__(ctx)
+        self.renderer = EbpfRenderer()
+
+    def real_kernel(self) -> MapSeam:
+        # No map is open until prepare (or an observe that finds them pinned): the
+        # construction of a backend for `kubeplex render` touches nothing.
+        return PinnedMaps({})
+
+    def missing_requirements(self) -> list[str]:
+        return requirements.missing(self.options, self.loader)
+
+    def describe(self) -> list[str]:
+        return [
+            f"attaches to cgroup {self.options.cgroup}, pins under {self.loader.folder}",
+            *(f"not yet: {what}" for what in NOT_YET),
+        ]
+
+    def prepare(self) -> None:
+        """Loads and attaches the programs to the cgroup (adopting what is pinned there)."""
+        if isinstance(self.kernel, PinnedMaps):
+            try:
+                dataplane = self.loader.start(self.options.cgroup)
+            except (LoaderError, OSError) as err:
+                raise BackendError(f"ebpf: cannot attach the programs: {err}") from err
+            self.kernel.close()
+            self.kernel.maps = dict(dataplane.maps)
+
+    def _open_pinned(self) -> None:
+        """The pinned maps, opened read-write without attaching (an observe before prepare:
+        `kubeplex render` as root). Nothing pinned: nothing opened."""
+        if isinstance(self.kernel, PinnedMaps) and not self.kernel.maps:
+            # Not pinned, not root, no libbpf: the render is against empty maps.
+            with contextlib.suppress(LoaderError, OSError, LibbpfMissing):
+                self.kernel.maps = self.loader.open_maps()
+
+    def observe(self, state: ProxyState) -> MapDump | None:
+        """A full sync's dump of the maps the render writes (None: no maps pinned yet); a
+        partial sync reads nothing."""
+        self._settle(state)
+        if not (self.renderer.force_full or state.is_full()):
+            return None
+        self._open_pinned()
+        try:
+            return {name: self.kernel.dump(name) for name in RENDERED_MAPS}
+        except OSError:
+            return None
+
+    def _settle(self, state: ProxyState) -> None:
+        """The render's settings for ``state``'s node; a change makes the next render full
+        (observe settles first, so that it reads the dump that render then needs)."""
+        addresses = nodeport_addresses(self.ctx.config.node_port_addresses, state.node)
+        settings = RenderSettings(addresses)
+        if settings != self.renderer.settings:
+            self.renderer.settings = settings
+            self.renderer.invalidate()
+
+    def render(self, state: ProxyState, observed: MapDump | None = None) -> EbpfPlan:
+        self._settle(state)
+        return self.renderer.render(state, observed)
+
+    def apply(self, rendered: Any) -> SyncResult:
+        plan: EbpfPlan = rendered
+        try:
+            plan.send(self.kernel)
+        except OSError as err:
+            self.renderer.invalidate()
+            raise BackendError(f"ebpf: the maps refused the plan: {err}") from err
+        updates = sum(op.value is not None for op in plan.ops)
+        return SyncResult(
+            full=plan.full,
+            counts={"map_updates": updates, "map_deletes": len(plan.ops) - updates},
+            failed=dict(plan.left_out),
+        )
+
+    def invalidate(self) -> None:
+        self.renderer.invalidate()
+
+    def leftovers(self) -> list[str]:
+        return self.loader.leftovers()
+
+    def cleanup(self, keep: Collection[str] = (), drain: bool = False) -> CleanupReport:
+        """Detaches and unpins everything of the mode (the maps go with their last pin).
+        ``drain`` waits for nothing: established connections carry their translated
+        addresses in their sockets, not in the maps."""
+        if isinstance(self.kernel, PinnedMaps):
+            self.kernel.close()
+            self.kernel.maps = {}
+        try:
+            removed = self.loader.cleanup()
+        except OSError as err:
+            raise BackendError(f"ebpf: cleanup of {self.loader.folder}: {err}") from err
+        self.renderer = EbpfRenderer(self.renderer.settings)
+        return CleanupReport(MODE, removed=tuple(removed))

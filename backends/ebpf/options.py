@@ -1,0 +1,59 @@
+"""The mode's settings from the trust list (``[backends.ebpf.options]``): where it attaches and
+where it pins. Checked at construction, each bad one named by its key."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubeplex.backends.ebpf.layout import DEFAULT_BPFFS
+from kubeplex.core.model.errors import FieldError, InvalidObject
+
+#: Where the options are written, as errors name them.
+WHERE = "[backends.ebpf.options]"
+
+
+def cgroup2_root(mounts: Path = Path("/proc/self/mounts")) -> str:
+    """The node's cgroup2 mount (the first one listed), where the programs see every process;
+    /sys/fs/cgroup when none is mounted (the requirements then say so)."""
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 2 and fields[2] == "cgroup2":
+            return fields[1].replace("\\040", " ")
+    return "/sys/fs/cgroup"
+
+
+@dataclass(frozen=True)
+class EbpfOptions:
+    #: The cgroup2 folder the programs attach to: every process in it and below is served.
+    cgroup: Path
+    #: The bpffs mount the maps and links are pinned under (in its kubeplex/ folder).
+    bpffs: Path
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> EbpfOptions:
+        """InvalidObject naming each unknown key and each value that is not an absolute path."""
+        errors = [
+            FieldError(key, "unknown option") for key in raw if key not in ("cgroup", "bpffs")
+        ]
+        paths: dict[str, Path] = {}
+        for key in ("cgroup", "bpffs"):
+            value = raw.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, str) or not value.startswith("/"):
+                errors.append(FieldError(key, f"must be an absolute path, not {value!r}"))
+            else:
+                paths[key] = Path(value)
+        if errors:
+            raise InvalidObject(WHERE, errors)
+        return cls(
+            cgroup=paths.get("cgroup") or Path(cgroup2_root()),
+            bpffs=paths.get("bpffs") or Path(DEFAULT_BPFFS),
+        )
