@@ -5,18 +5,14 @@ and namespace. The Service address is routed nowhere, so only the programs can r
 from __future__ import annotations
 
 import errno
-import json
 import subprocess
-import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from ipaddress import ip_address
 from pathlib import Path
-from typing import Any
 
 import pytest
-from kits.ebpf_kit import own_bpffs, own_cgroup, own_loader
+from kits.ebpf_kit import client, own_bpffs, own_cgroup, own_loader, serving
 
 from kubeplex.backends.ebpf import layout
 from kubeplex.backends.ebpf.loader import Dataplane, Loader, LoaderError
@@ -27,54 +23,6 @@ SERVICE, SERVICE6 = "10.96.0.10", "fd00:96::10"
 BACKEND, BACKEND6 = "10.244.1.5", "fd00:244::5"
 BACKEND_B = "10.244.1.6"
 SVC_ID = 7
-
-SERVER = textwrap.dedent(
-    """
-    import selectors, socket, sys
-    sel = selectors.DefaultSelector()
-    for addr in sys.argv[1:]:
-        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-        tcp = socket.socket(family, socket.SOCK_STREAM)
-        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        tcp.bind((addr, 8080)); tcp.listen(16)
-        sel.register(tcp, selectors.EVENT_READ, ("tcp", addr))
-        udp = socket.socket(family, socket.SOCK_DGRAM)
-        udp.bind((addr, 5353))
-        sel.register(udp, selectors.EVENT_READ, ("udp", addr))
-    print("ready", flush=True)
-    while True:
-        for key, _ in sel.select():
-            proto, addr = key.data
-            if proto == "tcp":
-                conn, _ = key.fileobj.accept()
-                conn.sendall(addr.encode()); conn.close()
-            else:
-                data, peer = key.fileobj.recvfrom(100)
-                key.fileobj.sendto(addr.encode() + b" " + data, peer)
-    """
-)
-
-CLIENT = textwrap.dedent(
-    """
-    import json, socket, sys
-    host, port, proto = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    out = {}
-    try:
-        if proto == "tcp":
-            s = socket.create_connection((host, port), timeout=3)
-            out["data"] = s.recv(100).decode()
-            out["peer"] = list(s.getpeername()[:2])
-        else:
-            s = socket.socket(family, socket.SOCK_DGRAM); s.settimeout(3)
-            s.sendto(b"ping", (host, port))
-            data, peer = s.recvfrom(100)
-            out["data"], out["peer"] = data.decode(), list(peer[:2])
-    except OSError as exc:
-        out["errno"] = exc.errno
-    print(json.dumps(out))
-    """
-)
 
 
 @pytest.fixture
@@ -92,44 +40,14 @@ def cgroup() -> Iterator[Path]:
 @pytest.fixture
 def backend_ns(netns: str) -> Iterator[str]:
     """The namespace with the backend's addresses on loopback and its TCP and UDP servers."""
-    for args in (
-        ["addr", "add", f"{BACKEND}/32", "dev", "lo"],
-        ["addr", "add", f"{BACKEND_B}/32", "dev", "lo"],
-        ["-6", "addr", "add", f"{BACKEND6}/128", "dev", "lo", "nodad"],
-    ):
-        subprocess.run(["ip", "-n", netns, *args], check=True)
-    server = subprocess.Popen(
-        ["ip", "netns", "exec", netns, sys.executable, "-c", SERVER, BACKEND, BACKEND_B, BACKEND6],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+    with serving(netns, [BACKEND, BACKEND_B, BACKEND6]):
         yield netns
-    finally:
-        server.kill()
-        server.wait()
 
 
 @pytest.fixture
 def loader(bpffs: Path) -> Iterator[Loader]:
     with own_loader(bpffs) as made:
         yield made
-
-
-def client(netns: str, cgroup: Path | None, host: str, port: int, proto: str) -> dict[str, Any]:
-    """Runs the probe client in the namespace, inside cgroup (or outside every test cgroup)."""
-    join = f"echo $$ > {cgroup / 'cgroup.procs'} && " if cgroup else ""
-    cmd = f'{join}exec ip netns exec {netns} "$0" -c "$1" "$2" "$3" "$4"'
-    done = subprocess.run(
-        ["sh", "-c", cmd, sys.executable, CLIENT, host, str(port), proto],
-        capture_output=True,
-        text=True,
-        timeout=20,
-        check=True,
-    )
-    result: dict[str, Any] = json.loads(done.stdout)
-    return result
 
 
 def program_service(
