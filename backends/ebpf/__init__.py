@@ -20,6 +20,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from kubeplex.backends.ebpf import requirements
+from kubeplex.backends.ebpf.inspection import programmed
 from kubeplex.backends.ebpf.libbpf import LibbpfMissing
 from kubeplex.backends.ebpf.loader import Loader, LoaderError
 from kubeplex.backends.ebpf.maps import PinnedMaps
@@ -27,11 +28,17 @@ from kubeplex.backends.ebpf.options import EbpfOptions
 from kubeplex.backends.ebpf.plan import RENDERED_MAPS, EbpfPlan, MapDump, MapSeam
 from kubeplex.backends.ebpf.render import EbpfRenderer, RenderSettings
 from kubeplex.core.dataplane import plugins
-from kubeplex.core.dataplane.backend import Backend, BackendContext, CleanupReport, SyncResult
+from kubeplex.core.dataplane.backend import (
+    Backend,
+    BackendContext,
+    CleanupReport,
+    ProgrammedService,
+    SyncResult,
+)
 from kubeplex.core.dataplane.nodeports import node_port_ips
 from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.graph import ProxyState
-from kubeplex.core.model.types import IPFamily, NodeInfo
+from kubeplex.core.model.types import IPFamily, NodeInfo, ServicePortName
 
 MODE = "ebpf"
 
@@ -146,6 +153,17 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
 
     def invalidate(self) -> None:
         self.renderer.invalidate()
+
+    def inspect(self, service_port: ServicePortName) -> list[ProgrammedService] | None:
+        """From the maps, at the places the last render gave the Service port."""
+        self._open_pinned()
+        out = []
+        for family in (IPFamily.IPv4, IPFamily.IPv6):
+            part = self.renderer.contribution(family, service_port)
+            found = part and programmed(self.kernel, family, service_port, part)
+            if found:
+                out.append(found)
+        return out
 
     def leftovers(self) -> list[str]:
         return self.loader.leftovers()

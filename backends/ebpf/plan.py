@@ -39,6 +39,10 @@ class MapSeam(Protocol):
 
     def dump(self, name: str) -> dict[bytes, bytes]: ...
 
+    def lookup(self, name: str, key: bytes) -> bytes:
+        """The value at ``key`` (``inspect`` reads one Service's entries); ENOENT if none."""
+        ...
+
 
 #: What the maps hold (an observation): each rendered map's entries, raw.
 MapDump = Mapping[str, Mapping[bytes, bytes]]

@@ -161,6 +161,10 @@ class EbpfRenderer:
     def invalidate(self) -> None:
         self.force_full = True
 
+    def contribution(self, family: IPFamily, spn: ServicePortName) -> Contribution | None:
+        """What the last render asked the maps to hold for one Service port of one family."""
+        return self._parts.get((family, spn))
+
     # --- one Service port ---------------------------------------------------------------
 
     def _contribution(self, graph: ServiceGraph, svc: ServicePort) -> Contribution:

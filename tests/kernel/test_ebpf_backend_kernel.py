@@ -20,7 +20,7 @@ from kubeplex.backends.ebpf.maps import PinnedMaps
 from kubeplex.backends.ebpf.plan import RENDERED_MAPS
 from kubeplex.core.dataplane.backend import BackendContext
 from kubeplex.core.model.cluster import ClusterState
-from kubeplex.core.model.types import IPFamily
+from kubeplex.core.model.types import IPFamily, ServicePortName
 from kubeplex.core.sources.manifests import ManifestSource
 
 pytestmark = pytest.mark.kernel
@@ -86,6 +86,8 @@ def test_the_seed_lab_synced_serves_web_then_a_partial_sync_then_nothing_left(
     assert result.full and not result.failed
     assert held(backend) == backend.renderer.desired
     assert landed(web_pods, cgroup) == set(PODS)
+    (web,) = backend.inspect(ServicePortName("default", "web")) or []
+    assert [(e.target, e.share) for e in web.endpoints] == [(f"{ip}:8080", 1 / 3) for ip in PODS]
 
     # A partial sync reads nothing and writes only web's ClusterIP entry and its last slot.
     cluster.set_endpoint_slice(without_last_pod())

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from kits.render_kit import LAB, config, endpoint_slice, ep, node_obj, port, service
 
-from kubeplex.backends.ebpf import EbpfBackend, nodeport_addresses, requirements
+from kubeplex.backends.ebpf import EbpfBackend, layout, nodeport_addresses, requirements
 from kubeplex.backends.ebpf.layout import DEFAULT_BPFFS
 from kubeplex.backends.ebpf.loader import Loader
 from kubeplex.backends.ebpf.options import EbpfOptions, cgroup2_root
@@ -21,7 +21,7 @@ from kubeplex.backends.ebpf.plan import RENDERED_MAPS
 from kubeplex.core.dataplane.backend import BackendContext
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.errors import BackendError, InvalidObject
-from kubeplex.core.model.types import IPFamily, NodeInfo
+from kubeplex.core.model.types import IPFamily, NodeInfo, ServicePortName
 from kubeplex.core.sources.manifests import ManifestSource
 from kubeplex.testing.fakes import FakeEbpfMaps
 
@@ -161,3 +161,21 @@ def test_requirements_name_what_is_missing(tmp_path: Path) -> None:
         f"bpffs {tmp_path / 'nowhere'}: No such file or directory",
         f"{tmp_path / 'kubeplex_lb.bpf.o'} is missing (scripts/build-bpf.sh builds it)",
     ]
+
+
+def test_inspect_reads_a_services_entries_endpoints_and_affinity_from_the_maps() -> None:
+    cluster, backend, maps = seed_lab()
+    backend.sync(cluster.checkout(full=True))
+    web = ServicePortName("default", "web")
+    (found,) = backend.inspect(web) or []
+    web_id = backend.renderer.svc_ids.ids["default/web/tcp/ipv4"]
+    assert found.family is V4 and found.affinity_seconds is None
+    assert found.entries == (f"kpx_svc4 10.96.88.59:80/tcp -> svc {web_id:#010x} count 3",)
+    assert [(e.target, e.share) for e in found.endpoints] == [
+        (f"{ip}:8080", 1 / 3) for ip in ("10.244.1.2", "10.244.2.2", "10.244.2.3")
+    ]
+    # What the maps hold, not what the render wants: a slot gone is not shown.
+    maps.delete("kpx_backends", layout.backend_key(web_id, 2))
+    (found,) = backend.inspect(web) or []
+    assert [e.target for e in found.endpoints] == ["10.244.1.2:8080", "10.244.2.2:8080"]
+    assert backend.inspect(ServicePortName("default", "nothing")) == []
