@@ -30,7 +30,8 @@ Usage::
     assert maps.dump("kpx_backends") == {key: value}
     maps.delete("kpx_backends", key)
 
-The kernel test that holds it to the real maps comes with the mode's loader.
+tests/kernel/test_ebpf_fake_kernel.py holds it to the real pinned maps (the mode's
+``PinnedMaps`` seam): the same steps, the same outcomes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """FakeEbpfMaps holds to the bpf syscall's rules for hash and LRU hash maps, and its maps are
-the ones the ebpf mode's layout declares. (The kernel test that holds it to real pinned maps
-comes with the mode's loader.)"""
+the ones the ebpf mode's layout declares (tests/kernel/test_ebpf_fake_kernel.py holds it to
+the real pinned maps)."""
 
 from __future__ import annotations
 
