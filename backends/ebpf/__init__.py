@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, cast
 
 from kubeplex.backends.ebpf import requirements
 from kubeplex.backends.ebpf.inspection import programmed
@@ -33,6 +33,7 @@ from kubeplex.core.dataplane.backend import (
     BackendContext,
     CleanupReport,
     ProgrammedService,
+    Rendered,
     SyncResult,
 )
 from kubeplex.core.dataplane.nodeports import node_port_ips
@@ -137,8 +138,8 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
         self._settle(state)
         return self.renderer.render(state, observed)
 
-    def apply(self, rendered: Any) -> SyncResult:
-        plan: EbpfPlan = rendered
+    def apply(self, rendered: Rendered) -> SyncResult:
+        plan = cast(EbpfPlan, rendered)  # (what this backend's render returned)
         try:
             plan.send(self.kernel)
         except OSError as err:
@@ -170,8 +171,8 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
 
     def cleanup(self, keep: Collection[str] = (), drain: bool = False) -> CleanupReport:
         """Detaches and unpins everything of the mode (the maps go with their last pin).
-        ``drain`` waits for nothing: established connections carry their translated
-        addresses in their sockets, not in the maps."""
+        ``drain`` is not honoured yet: a connected socket keeps its translated address, but
+        the replies of unconnected UDP and getpeername read the reverse NAT map, which goes."""
         if isinstance(self.kernel, PinnedMaps):
             self.kernel.close()
             self.kernel.maps = {}
