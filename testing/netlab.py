@@ -33,6 +33,8 @@ soon as it exists; the build still polls (with a deadline) that no address is te
 Safety: no namespace has a link to the root namespace; every link is a veth between two lab
 namespaces, so no packet can leave the lab. Every namespace is named ``<prefix>-<name>``
 with a prefix of ``[a-z0-9]`` only, so ``down_all(prefix)`` finds exactly one lab's leftovers.
+Each node also has a cgroup2 folder its processes and its pods' run in, and a folder in the
+lab's own bpffs (``labkernel``); ``down_all`` removes them too.
 
 Everything is done with iproute2 ``ip -batch`` (one process per namespace) and runs in well
 under a second; pod servers are started in parallel and awaited on their READY line.
@@ -60,6 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
+
+from kubeplex.testing import labkernel
 
 LAB_PREFIX = "kpxlab"  # fixed prefix of ``kubeplex lab`` so ``--down`` finds it from any process
 TEST_STEM = "kpxt"  # stem of per-test-session prefixes: ``kpxt<pid>x<hex>``
@@ -542,14 +546,17 @@ def down_all(prefix: str, *, grace: float = _KILL_GRACE) -> list[str]:
     names = list_namespaces(prefix)
     if names:
         _kill_in(names, grace)
+    # The node cgroups (and what runs in them) and the bpffs mount, even without namespaces.
+    kernel_left = labkernel.remove(prefix, grace)
+    if names:
         # -force: keep deleting after an error, one missing namespace must not strand others.
         _ip(
             ["-force", "-batch", "-"], stdin="".join(f"netns del {n}\n" for n in names), check=False
         )
     left = list_namespaces(prefix)
     shutil.rmtree(LOG_ROOT / prefix, ignore_errors=True)
-    if left:
-        raise LabError(f"could not remove namespaces {left}")
+    if left or kernel_left:
+        raise LabError(f"could not remove {'; '.join([*map(str, left), *kernel_left])}")
     return names
 
 
@@ -567,7 +574,7 @@ def reap_stale(stem: str = TEST_STEM) -> list[str]:
     """
     pattern = re.compile(rf"{re.escape(stem)}(\d+)x[0-9a-f]+")
     removed: list[str] = []
-    for prefix in sorted({ns.split("-", 1)[0] for ns in list_namespaces()}):
+    for prefix in sorted({ns.split("-", 1)[0] for ns in list_namespaces()} | labkernel.prefixes()):
         m = pattern.fullmatch(prefix)
         if m and not _pid_alive(int(m.group(1))):
             removed += down_all(prefix)
@@ -604,6 +611,10 @@ class Lab:
 
     ``Lab(spec, prefix)`` without ``up()`` attaches to a lab that is already up (e.g. one
     started by ``kubeplex lab`` in another process): ``exec``/``http``/``udp`` only need names.
+
+    Every process started in a node or in a pod of it runs in the node's cgroup2 folder
+    (``cgroup_of``), and each node has a folder in the lab's own bpffs (``bpffs_of``); see
+    ``labkernel``. The lan and the hosts outside the cluster are in no node cgroup.
     """
 
     spec: LabSpec = DEFAULT_SPEC
@@ -611,6 +622,9 @@ class Lab:
     python: str = sys.executable
     log_dir: Path | None = None
     timings: dict[str, float] = field(default_factory=dict, init=False)
+    #: Why ``up()`` built the lab without node cgroups / without a bpffs (None: with them).
+    no_cgroups: str | None = field(default=None, init=False)
+    no_bpffs: str | None = field(default=None, init=False)
     _servers: list[_Server] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -637,6 +651,32 @@ class Lab:
 
     def is_up(self) -> bool:
         return set(self.namespaces) <= set(list_namespaces(self.prefix))
+
+    def node_of(self, ns: str) -> str | None:
+        """The node a node or pod namespace belongs to (None: the lan or a host)."""
+        name = self._resolve(ns).removeprefix(f"{self.prefix}-")
+        if name in (n.name for n in self.spec.nodes):
+            return name
+        if name in (p.name for p in self.spec.pods):
+            return self.spec.pod(name).node
+        return None
+
+    def cgroup_of(self, ns: str) -> Path | None:
+        """The cgroup2 folder the processes of a node (or of a pod on it) run in; None for
+        the lan and the hosts, and where the lab has no cgroups."""
+        node = self.node_of(ns)
+        folder = labkernel.lab_cgroup(self.prefix)
+        if node is None or folder is None or not (folder / node).is_dir():
+            return None
+        return folder / node
+
+    def bpffs_of(self, ns: str) -> Path | None:
+        """The node's own folder in the lab's bpffs (None: as for ``cgroup_of``)."""
+        node = self.node_of(ns)
+        mount = labkernel.lab_bpffs(self.prefix)
+        if node is None or not (mount / node).is_dir() or not labkernel.is_bpffs_mount(mount):
+            return None
+        return mount / node
 
     # ------------------------------------------------------------------------ lifecycle
 
@@ -665,6 +705,7 @@ class Lab:
         start = time.monotonic()
         try:
             self._build()
+            self._make_kernel_folders()
             self._start_servers()
         except BaseException:
             self.down()
@@ -797,6 +838,18 @@ class Lab:
         if dual:
             self._await_ipv6_ready()
 
+    def _make_kernel_folders(self) -> None:
+        """A cgroup per node and the lab's bpffs; where the machine refuses, none (said why)."""
+        nodes = [n.name for n in self.spec.nodes]
+        try:
+            labkernel.make_cgroups(self.prefix, nodes)
+        except OSError as err:
+            self.no_cgroups = f"no node cgroups: {err}"
+        try:
+            labkernel.mount_bpffs(self.prefix, nodes)
+        except OSError as err:
+            self.no_bpffs = f"no bpffs: {err}"
+
     def _ipv6_sysctls(self) -> None:
         """Before any link exists: IPv6 on, no DAD, forwarding only on nodes.
 
@@ -885,6 +938,7 @@ class Lab:
                 # Own session: a Ctrl-C aimed at pytest or `kubeplex lab` must not kill
                 # servers behind the teardown's back; teardown kills them explicitly.
                 start_new_session=True,
+                preexec_fn=labkernel.joiner(self.cgroup_of(ns)),
             )
         srv = _Server(name, proc)
         self._servers.append(srv)
@@ -947,7 +1001,13 @@ class Lab:
         cmd = ["ip", "netns", "exec", netns, *argv]
         try:
             cp = subprocess.run(
-                cmd, input=input, capture_output=True, text=True, timeout=timeout, check=False
+                cmd,
+                input=input,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+                preexec_fn=labkernel.joiner(self.cgroup_of(netns)),
             )
         except subprocess.TimeoutExpired as exc:
             raise LabError(f"[{netns}] {shlex.join(argv)}: timed out after {timeout}s") from exc

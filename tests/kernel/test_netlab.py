@@ -6,10 +6,12 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kits.netlab_kit import CLIENT_IP6, EXTERNAL_IP6, small_spec
 
+from kubeplex.testing import labkernel
 from kubeplex.testing.netlab import (
     CLIENT_POD,
     DUAL_STACK_SPEC,
@@ -308,3 +310,112 @@ def test_lan_gateway_is_a_dead_end_for_ipv6(netlab6: Lab) -> None:
     # Node1 routes an unknown IPv6 destination to the lan gateway, which forwards nothing.
     [r] = netlab6.http(NODE1, "fd00:96::1", 80, timeout=0.5)
     assert not r.ok, r
+
+
+# ---------------------------------------------------------------------- node cgroups and bpffs
+
+
+def cgroup_v2_of(lab: Lab, ns: str) -> str:
+    """The cgroup2 path (from its mount) a process started by ``lab.exec`` in ``ns`` is in."""
+    lines = lab.exec(ns, ["cat", "/proc/self/cgroup"]).stdout.splitlines()
+    return next(line.removeprefix("0::") for line in lines if line.startswith("0::"))
+
+
+def pid_cgroup_v2(pid: int) -> str:
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    return next(line.removeprefix("0::") for line in lines if line.startswith("0::"))
+
+
+def cgroup_mount() -> Path:
+    mount = labkernel.cgroup2_mount()
+    if mount is None:
+        pytest.skip("no cgroup2 mounted")
+    return mount
+
+
+@kernel
+def test_processes_of_a_node_and_its_pods_run_in_the_node_cgroup(netlab: Lab) -> None:
+    root = cgroup_mount()
+    assert netlab.no_cgroups is None
+    node1, node2 = netlab.cgroup_of(NODE1), netlab.cgroup_of(NODE2)
+    assert node1 is not None and node2 is not None and node1 != node2
+    assert netlab.cgroup_of(CLIENT_POD) == node1 and netlab.cgroup_of(WEB_B) == node2
+    assert netlab.cgroup_of(EXTERNAL) is None and netlab.cgroup_of(LAN) is None
+    rel = {name: "/" + str(path.relative_to(root)) for name, path in (("1", node1), ("2", node2))}
+    assert cgroup_v2_of(netlab, CLIENT_POD) == rel["1"]
+    assert cgroup_v2_of(netlab, NODE2) == rel["2"]
+    assert cgroup_v2_of(netlab, EXTERNAL) not in rel.values()
+    assert cgroup_v2_of(netlab, LAN) not in rel.values()
+    # The pod servers started by up() and by start_server.
+    pids = netlab.server_pids()
+    assert pid_cgroup_v2(pids[WEB_A]) == rel["1"]
+    assert pid_cgroup_v2(pids[WEB_C]) == rel["2"]
+    netlab.start_server(NODE2, "node2-cg", http_ports=(10081,))
+    try:
+        assert pid_cgroup_v2(netlab.server_pids()["node2-cg"]) == rel["2"]
+        assert str(netlab.server_pids()["node2-cg"]) in (node2 / "cgroup.procs").read_text()
+    finally:
+        netlab.stop_server("node2-cg")
+
+
+@kernel
+def test_every_node_has_a_folder_in_the_labs_own_bpffs(netlab: Lab) -> None:
+    assert netlab.no_bpffs is None
+    folders = [netlab.bpffs_of(NODE1), netlab.bpffs_of(NODE2)]
+    assert None not in folders and folders[0] != folders[1]
+    assert netlab.bpffs_of(WEB_A) == folders[0]
+    assert netlab.bpffs_of(EXTERNAL) is None
+    for folder in folders:
+        assert folder is not None
+        fstype = subprocess.run(
+            ["stat", "-f", "-c", "%T", str(folder)], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        assert fstype == "bpf_fs", (folder, fstype)
+        assert not str(folder).startswith("/sys/fs/bpf")  # never the machine's bpffs
+
+
+@kernel
+def test_down_removes_cgroups_and_bpffs_even_with_processes_left_in_them() -> None:
+    cgroup_mount()
+    lab = Lab(small_spec(), unique_prefix())
+    with lab:
+        node = lab.spec.nodes[0].name
+        cgroup, bpffs = lab.cgroup_of(node), lab.bpffs_of(node)
+        assert cgroup is not None and bpffs is not None
+        (bpffs / "pinned").mkdir()  # something pinned in it
+        # A process that left the namespace machinery behind: only its cgroup still holds it.
+        stray = subprocess.Popen(
+            ["sh", "-c", f"echo $$ > {cgroup / 'cgroup.procs'}; echo in; exec sleep 600"],
+            stdout=subprocess.PIPE,
+        )
+        assert stray.stdout is not None and stray.stdout.readline() == b"in\n"
+    try:
+        assert stray.wait(timeout=5) != 0  # killed by down(), not finished
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+            stray.wait()
+        assert stray.stdout is not None
+        stray.stdout.close()
+    assert not cgroup.parent.exists()
+    assert not bpffs.parent.exists()
+    assert not labkernel.is_bpffs_mount(bpffs.parent)
+    assert lab.cgroup_of(node) is None and lab.bpffs_of(node) is None
+
+
+@kernel
+def test_down_all_and_reap_stale_remove_kernel_folders_without_namespaces() -> None:
+    cgroup_mount()
+    prefix = unique_prefix()
+    labkernel.make_cgroups(prefix, ["n1"])
+    labkernel.mount_bpffs(prefix, ["n1"])
+    assert down_all(prefix) == []
+    assert prefix not in labkernel.prefixes()
+    # A lab of a dead process: only its cgroup folder and bpffs are left.
+    child = subprocess.Popen(["true"])
+    child.wait()
+    stale = f"kpxt{child.pid}x0000"
+    labkernel.make_cgroups(stale, ["n1"])
+    labkernel.mount_bpffs(stale, ["n1"])
+    reap_stale()
+    assert stale not in labkernel.prefixes()

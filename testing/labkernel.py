@@ -1,0 +1,166 @@
+"""A lab's kernel facilities besides its namespaces: a cgroup2 folder per node, a bpffs mount.
+
+A real node runs its pods in cgroups of its own and has its own bpffs; a mode that attaches
+programs to a cgroup (ebpf) must see only the processes of its node. So each lab has::
+
+    <cgroup2 mount>/kubeplex-netlab-<prefix>/<node>    every process of the node and its pods
+    /run/kubeplex-netlab/<prefix>/                     a bpffs mount of the lab's own
+    /run/kubeplex-netlab/<prefix>/<node>/              the node's folder in it
+
+Both are named by the lab's prefix alone, so another process (``kubeplex lab --down``) or a
+later run (``reap_stale``) finds and removes them. Where no cgroup2 is mounted, or bpffs
+cannot be mounted, the lab runs without them and says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+CGROUP_STEM = "kubeplex-netlab-"  # <cgroup2>/<stem><prefix>
+BPFFS_ROOT = Path("/run/kubeplex-netlab")  # <root>/<prefix> is a lab's bpffs mount
+MOUNTS = Path("/proc/self/mounts")
+
+
+def _mounts(fstype: str, mounts: Path = MOUNTS) -> list[Path]:
+    """Mount points of ``fstype``, in the order the kernel lists them."""
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 2 and fields[2] == fstype:
+            found.append(Path(fields[1].replace("\\040", " ")))
+    return found
+
+
+def cgroup2_mount(mounts: Path = MOUNTS) -> Path | None:
+    """The machine's cgroup2 mount (the first listed), or None where there is none."""
+    found = _mounts("cgroup2", mounts)
+    return found[0] if found else None
+
+
+def lab_cgroup(prefix: str) -> Path | None:
+    """The lab's cgroup folder (whether it exists or not); None without cgroup2."""
+    root = cgroup2_mount()
+    return None if root is None else root / f"{CGROUP_STEM}{prefix}"
+
+
+def lab_bpffs(prefix: str) -> Path:
+    return BPFFS_ROOT / prefix
+
+
+def is_bpffs_mount(path: Path) -> bool:
+    return path in _mounts("bpf")
+
+
+def make_cgroups(prefix: str, nodes: Iterable[str]) -> Path:
+    """Creates the lab's folder and one child per node; OSError if cgroup2 refuses."""
+    folder = lab_cgroup(prefix)
+    if folder is None:
+        raise OSError("no cgroup2 is mounted")
+    folder.mkdir(exist_ok=True)
+    for node in nodes:
+        (folder / node).mkdir(exist_ok=True)
+    return folder
+
+
+def mount_bpffs(prefix: str, nodes: Iterable[str]) -> Path:
+    """Mounts the lab's bpffs and makes a folder per node in it; OSError if it cannot."""
+    mount = lab_bpffs(prefix)
+    mount.mkdir(parents=True, exist_ok=True)
+    if not is_bpffs_mount(mount):
+        done = subprocess.run(
+            ["mount", "-t", "bpf", "bpf", str(mount)], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            with contextlib.suppress(OSError):
+                mount.rmdir()
+            raise OSError(f"mount -t bpf {mount}: {done.stderr.strip() or done.returncode}")
+    for node in nodes:
+        (mount / node).mkdir(exist_ok=True)
+    return mount
+
+
+def joiner(cgroup: Path | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that moves the new process into ``cgroup`` (None: no move)."""
+    if cgroup is None:
+        return None
+    procs = str(cgroup / "cgroup.procs")
+
+    def join() -> None:
+        with open(procs, "w") as f:  # "0": the writing process itself
+            f.write("0")
+
+    return join
+
+
+def _pids(cgroup: Path) -> list[int]:
+    try:
+        return [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _kill(cgroup: Path, grace: float) -> None:
+    """Kills every process of ``cgroup``: at once with cgroup.kill, else pid by pid."""
+    kill_file = cgroup / "cgroup.kill"
+    deadline = time.monotonic() + grace
+    while _pids(cgroup) and time.monotonic() < deadline:
+        if kill_file.exists():
+            with contextlib.suppress(OSError):
+                kill_file.write_text("1")
+        else:
+            for pid in _pids(cgroup):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)  # polling process exit, bounded by the deadline
+
+
+def remove(prefix: str, grace: float = 2.0) -> list[str]:
+    """Kills the processes of the lab's cgroups, removes them, unmounts and removes its
+    bpffs. Tolerates any partial state; returns what could not be removed."""
+    left: list[str] = []
+    folder = lab_cgroup(prefix)
+    if folder is not None and folder.is_dir():
+        children = [c for c in folder.iterdir() if c.is_dir()]
+        for cgroup in [*children, folder]:
+            _kill(cgroup, grace)
+            try:
+                cgroup.rmdir()
+            except OSError as err:
+                left.append(f"cgroup {cgroup}: {err.strerror}")
+    mount = lab_bpffs(prefix)
+    if is_bpffs_mount(mount):
+        done = subprocess.run(["umount", str(mount)], capture_output=True, text=True)
+        if done.returncode != 0:
+            left.append(f"bpffs {mount}: {done.stderr.strip()}")
+    if mount.is_dir() and not is_bpffs_mount(mount):
+        try:
+            mount.rmdir()
+        except OSError as err:
+            left.append(f"bpffs folder {mount}: {err.strerror}")
+    return left
+
+
+def prefixes() -> set[str]:
+    """The prefixes of every lab that has a cgroup folder or a bpffs folder here."""
+    found = set()
+    root = cgroup2_mount()
+    if root is not None:
+        with contextlib.suppress(OSError):
+            found |= {
+                p.name.removeprefix(CGROUP_STEM)
+                for p in root.iterdir()
+                if p.name.startswith(CGROUP_STEM)
+            }
+    with contextlib.suppress(OSError):
+        found |= {p.name for p in BPFFS_ROOT.iterdir()}
+    return found
