@@ -351,7 +351,15 @@ class NodeAgent:
         )
         try:
             self.backend: Backend = plugins.load_backend(
-                mode, BackendContext(self.config, node, families, netns=self.netns)
+                mode,
+                BackendContext(
+                    self.config,
+                    node,
+                    families,
+                    netns=self.netns,
+                    cgroup=lab.cgroup_of(node),
+                    bpffs=lab.bpffs_of(node),
+                ),
             )
         except KubeplexError as err:
             raise DataplaneUnavailable(str(err)) from err

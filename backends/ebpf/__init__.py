@@ -76,7 +76,8 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
 
     def __init__(self, ctx: BackendContext, options: Mapping[str, Any] | None = None) -> None:
         raw = plugins.backend_options(MODE) if options is None else options
-        self.options = EbpfOptions.parse(raw)
+        # The node's own cgroup and bpffs (the lab's, a test's) over the trust list's.
+        self.options = EbpfOptions.parse(raw).on_node(ctx.cgroup, ctx.bpffs)
         self.loader = Loader(self.options.bpffs)
         super().__init__(ctx)
         self.renderer = EbpfRenderer()

@@ -4,7 +4,7 @@ where it pins. Checked at construction, each bad one named by its key."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +57,8 @@ class EbpfOptions:
             cgroup=paths.get("cgroup") or Path(cgroup2_root()),
             bpffs=paths.get("bpffs") or Path(DEFAULT_BPFFS),
         )
+
+    def on_node(self, cgroup: Path | None, bpffs: Path | None) -> EbpfOptions:
+        """These options where the node has a cgroup or a bpffs folder of its own (the
+        backend context's): the node's win."""
+        return replace(self, cgroup=cgroup or self.cgroup, bpffs=bpffs or self.bpffs)

@@ -41,6 +41,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, Literal, Protocol, cast
 
 from typing_extensions import TypeVar
@@ -82,6 +83,12 @@ class BackendContext:
     #: The kernel seam (its type is the backend's ``KernelT``; see its documentation). None:
     #: the backend opens the node's real kernel (in ``netns``).
     kernel: object = None
+    #: The node's cgroup2 folder, holding the processes of the node and of its pods (a kernel
+    #: facility of the node, like ``netns``). None: the machine's, as the mode's options say.
+    cgroup: Path | None = None
+    #: A bpffs folder of the node's own, for what a backend pins there. None: the machine's,
+    #: as the mode's options say.
+    bpffs: Path | None = None
 
 
 class Rendered(ABC):

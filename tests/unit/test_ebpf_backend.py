@@ -142,6 +142,22 @@ def test_options_default_and_bad_ones_are_named() -> None:
     )
 
 
+def test_the_nodes_own_cgroup_and_bpffs_in_the_context_win_over_the_options() -> None:
+    ctx = BackendContext(
+        config({}),
+        "n1",
+        kernel=FakeEbpfMaps(),
+        cgroup=Path("/sys/fs/cgroup/lab/n1"),
+        bpffs=Path("/run/lab/n1"),
+    )
+    backend = EbpfBackend(ctx, options={"cgroup": "/sys/fs/cgroup/kube", "bpffs": "/run/bpf"})
+    assert backend.options == EbpfOptions(Path("/sys/fs/cgroup/lab/n1"), Path("/run/lab/n1"))
+    assert backend.loader.folder == Path("/run/lab/n1/kubeplex")
+    # Without them, the options say.
+    plain = EbpfBackend(BackendContext(config({}), "n1"), options={"bpffs": "/x"})
+    assert plain.options.bpffs == Path("/x") and plain.loader.folder == Path("/x/kubeplex")
+
+
 def test_the_cgroup2_root_is_read_from_the_mounts(tmp_path: Path) -> None:
     mounts = tmp_path / "mounts"
     mounts.write_text(
