@@ -83,7 +83,8 @@ def test_packaged_default_is_the_repository_file_and_matches_the_entry_points() 
     assert Path(plugins.packaged_trust_file()).resolve() == top.resolve()
     trust = plugins.load_trust_list()
     assert trust.origin == "packaged default"
-    assert set(trust.backends) == {"iptables", "ipvs", "nftables", "kernelspace"}  # not `recording`
+    listed = {"ebpf", "iptables", "ipvs", "nftables", "kernelspace"}
+    assert set(trust.backends) == listed  # not `recording`
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     registered = pyproject["project"]["entry-points"]["kubeplex.backends"]
     assert {m: e.entry_point for m, e in trust.backends.items()} == registered
