@@ -21,16 +21,16 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 from typing import ClassVar, Protocol
 
+from kubeplex.backends.netfilter import nft
 from kubeplex.backends.nftables import names, netlink
 from kubeplex.backends.nftables.fingerprints import Fingerprints
 from kubeplex.backends.nftables.generation import GenerationGate
-from kubeplex.core.dataplane import execer
 from kubeplex.core.model.errors import BackendError
 
 log = logging.getLogger(__name__)
 
 #: The nft executable that the netlink path stands in for.
-NFT = "nft"
+NFT = nft.NFT
 
 
 class NftSeam(Protocol):
@@ -121,8 +121,7 @@ class NftKernel:
             if messages is not None and self._run_netlink(messages):
                 return
         self.last_path = "nft"
-        timeout = 60.0 + text.count("\n") / 1000
-        execer.run([self.nft_cmd, "-f", "-"], self.netns, input=text, timeout=timeout)
+        nft.run_transaction(text, self.netns, self.nft_cmd)
 
     def _run_stages(self, texts: Sequence[str], empty_tables: bool) -> None:
         """``run_stages`` without the generation reads. Over netlink, each one is encoded
@@ -252,5 +251,4 @@ class NftKernel:
             tables = self._netlink_tables()
             if tables is not None:
                 return "".join(f"table {family} {name}\n" for family, name in tables)
-        argv = [self.nft_cmd, *(["-t"] if terse else []), "-f", "-"]
-        return execer.run(argv, self.netns, input=commands).stdout
+        return nft.run_listing(commands, self.netns, terse, self.nft_cmd)
