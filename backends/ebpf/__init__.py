@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, cast
 
-from kubeplex.backends.ebpf import requirements
+from kubeplex.backends.ebpf import metrics, requirements
 from kubeplex.backends.ebpf.inspection import programmed
+from kubeplex.backends.ebpf.layout import PROGRAMS
 from kubeplex.backends.ebpf.libbpf import LibbpfMissing
 from kubeplex.backends.ebpf.loader import Loader, LoaderError
 from kubeplex.backends.ebpf.maps import PinnedMaps
@@ -32,12 +33,15 @@ from kubeplex.core.dataplane.backend import (
     Backend,
     BackendContext,
     CleanupReport,
+    MetricFamily,
     ProgrammedService,
     Rendered,
+    Sample,
     SyncResult,
 )
 from kubeplex.core.dataplane.nodeports import node_port_ips
 from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.expectations import SOCKET_LOAD_BALANCING
 from kubeplex.core.model.graph import ProxyState
 from kubeplex.core.model.types import IPFamily, NodeInfo, ServicePortName
 
@@ -70,7 +74,7 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
     """See the module's documentation."""
 
     mode = MODE
-    capabilities = frozenset({"session-affinity", "ipv6"})
+    capabilities = frozenset({"session-affinity", "ipv6", SOCKET_LOAD_BALANCING})
     #: Connections started on the node are translated at the socket: conntrack holds no NAT.
     uses_conntrack = False
 
@@ -151,10 +155,25 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
             full=plan.full,
             counts={"map_updates": updates, "map_deletes": len(plan.ops) - updates},
             failed=dict(plan.left_out),
+            samples=tuple(metrics.sync_samples(self.renderer.desired, plan.ops)),
         )
 
     def invalidate(self) -> None:
         self.renderer.invalidate()
+
+    def metric_families(self) -> Sequence[MetricFamily]:
+        return metrics.FAMILIES
+
+    def scrape(self) -> Sequence[Sample]:
+        """Which programs are attached to the cgroup, read from their pinned links (left out
+        on a kernel of another kind, or where the pins cannot be read)."""
+        if not isinstance(self.kernel, PinnedMaps):
+            return []
+        try:
+            attached = self.loader.attached(self.options.cgroup)
+        except (OSError, LibbpfMissing):
+            return []
+        return metrics.attached_samples(PROGRAMS, attached)
 
     def inspect(self, service_port: ServicePortName) -> list[ProgrammedService] | None:
         """From the maps, at the places the last render gave the Service port."""

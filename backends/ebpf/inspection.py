@@ -33,8 +33,12 @@ def programmed(
         value = _read(seam, name, key)
         if value is None:
             continue
-        entries.append(f"{name} {describe_key(name, key)} -> {describe_value(name, value)}")
         svc_id, count, flags, timeout = layout.SVC_VALUE.unpack(value)
+        # Without endpoints the program fails the connect (upstream's REJECT).
+        refused = " refused (REJECT)" if count == 0 else ""
+        entries.append(
+            f"{name} {describe_key(name, key)} -> {describe_value(name, value)}{refused}"
+        )
         counts[svc_id] = count
         if flags & layout.FLAG_AFFINITY:
             affinity = timeout

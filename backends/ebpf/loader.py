@@ -212,6 +212,23 @@ class Loader:
             # The pinned maps and links hold what they need; the object's own fds go.
             libbpf.close_object(obj)
 
+    def attached(self, cgroup: Path | str) -> list[str]:
+        """The programs whose pinned link is attached to the cgroup2 folder (a read: nothing
+        is detached). OSError (LibbpfError) where a pin cannot be read."""
+        cgroup_id = os.stat(cgroup).st_ino
+        found = []
+        for program in PROGRAMS:
+            pin = self.links / program
+            if not pin.exists():
+                continue
+            fd = libbpf.obj_get(str(pin))
+            try:
+                if libbpf.link_cgroup(fd, str(pin))[1] == cgroup_id:
+                    found.append(program)
+            finally:
+                os.close(fd)
+        return found
+
     def leftovers(self) -> list[str]:
         """Everything pinned under the folder (what cleanup removes)."""
         if not self.folder.exists():

@@ -44,6 +44,7 @@ from kubeplex.core.model.expectations import (
     LOAD_BALANCER,
     LOCAL_POLICY_FALLBACK,
     NODE_PORT,
+    SOCKET_LOAD_BALANCING,
     Expectation,
     as_programmed,
 )
@@ -128,6 +129,13 @@ BEHAVIOURS: dict[str, Behaviour] = {
         "it to the endpoints on other nodes: pods and the node no longer reach the Service "
         "through it",
         lambda exp: any(f.verdict == DROP for f in exp.frontends),
+    ),
+    SOCKET_LOAD_BALANCING: Behaviour(
+        "connections started on the node (pods and the host) are sent to the endpoint where "
+        "the socket connects: neither DNATed nor masqueraded, and conntrack holds no NAT "
+        "entry for them; a Local traffic policy without a local endpoint refuses them",
+        "connections started on the node are DNATed by the kernel's rules again (conntrack "
+        "holds their NAT), and masqueraded where the mode's rules say",
     ),
     "render-only": Behaviour(
         "no packet path is programmed on this node at all",

@@ -3,8 +3,9 @@ what kubeplex would program now (``kubeplex.core.model.expectations``).
 
 The kernel's entry lines are each mode's own syntax (rules, map elements, virtual services);
 they are read here only for what every syntax prints as words: host addresses (``10.0.0.1``,
-``10.0.0.1/32``, ``[fd00::1]:80``), port numbers, and the verdict words REJECT, DROP and ACCEPT
-(anything else forwards). Comments are left out first, so a Service's name never counts.
+``10.0.0.1/32``, ``[fd00::1]:80``, ``10.0.0.1:80/tcp``), port numbers, and the verdict words
+REJECT, DROP and ACCEPT (anything else forwards). Comments are left out first, so a Service's
+name never counts.
 
 Besides, a mode compares the chains it owns whole, rule by rule in its own syntax
 (``diff_rules``, with the mode's key of a rule): any rule there it did not render is drift.
@@ -35,6 +36,8 @@ SHARE_TOLERANCE = 0.01
 _COMMENTS = re.compile(r'(?:--comment|comment) (?:"[^"]*"|\S+)|"[^"]*"')
 _BRACKETED = re.compile(r"^\[([0-9a-fA-F:.]+)\](?::(\d+))?$")
 _PORTED4 = re.compile(r"^(\d+\.\d+\.\d+\.\d+):(\d+)$")
+#: A protocol after an address and port (the ebpf mode's map keys: ``10.0.0.1:80/tcp``).
+_PROTOCOL_SUFFIX = re.compile(r"(:\d+)/(?:tcp|udp|sctp)$", re.IGNORECASE)
 _STRIP = "{}();,"
 
 
@@ -91,7 +94,9 @@ def read_entry(line: str) -> EntryFacts:
 
 
 def _split_port(token: str) -> tuple[str, int | None]:
-    """``[ip]:port`` and ``ip4:port`` apart; anything else as it is."""
+    """``[ip]:port`` and ``ip4:port`` (either followed by ``/protocol``) apart; anything
+    else as it is."""
+    token = _PROTOCOL_SUFFIX.sub(r"\1", token)
     m = _BRACKETED.match(token) or _PORTED4.match(token)
     if m is None:
         return token, None

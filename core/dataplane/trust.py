@@ -31,6 +31,7 @@ KNOWN_CAPABILITIES = frozenset(
         "render-only",
         "sctp",
         "session-affinity",
+        "socket-load-balancing",
     }
 )
 

@@ -36,6 +36,13 @@ LOCAL = "local"
 #: the node still reach the Service; an outside client's replies come back from another
 #: node, unreversed, and are lost), and refuses it where there is no such endpoint either.
 LOCAL_POLICY_FALLBACK = "local-policy-fallback"
+#: The capability of a mode that translates a Service address where the socket connects
+#: (cgroup BPF): a connection started on the node goes to the endpoint itself, so it is
+#: neither DNATed nor masqueraded (no hairpin either: an endpoint reaching itself connects
+#: to itself). A Local policy without a local endpoint is refused at the connect, and an
+#: external address reached from the node takes the cluster's endpoints, as upstream's
+#: short-circuit of the node's own traffic: ``LOCAL_POLICY_FALLBACK``'s decisions.
+SOCKET_LOAD_BALANCING = "socket-load-balancing"
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,8 +234,11 @@ def expectations(
 
 def as_programmed(exp: Expectation, capabilities: Collection[str]) -> Expectation:
     """``exp`` as a mode with ``capabilities`` programs it: the shared decisions, with the
-    ones a capability changes (``LOCAL_POLICY_FALLBACK``) changed."""
-    if LOCAL_POLICY_FALLBACK not in capabilities:
+    ones a capability changes (``LOCAL_POLICY_FALLBACK``, ``SOCKET_LOAD_BALANCING``)
+    changed."""
+    if SOCKET_LOAD_BALANCING in capabilities:
+        exp = replace(exp, masquerade=False, masquerade_reasons=())
+    elif LOCAL_POLICY_FALLBACK not in capabilities:
         return exp
     cluster = any(CLUSTER in e.sets for e in exp.endpoints)
     frontends = tuple(
