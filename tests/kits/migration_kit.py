@@ -8,11 +8,15 @@ until FILE exists: a new TCP connection (HTTP GET) to every ``--http`` target ev
 ``--interval`` seconds; ``--long`` long-lived TCP connections per target, each a request
 whose header line grows by one byte every 100 ms (the pod answers once it ends, so the
 connection lives as long as the run); one long-lived UDP flow per ``--udp`` target (one
-source port, an exchange every ``--interval``). Prints one JSON document: every attempt with
-its monotonic start time (CLOCK_MONOTONIC is the machine's, the same in every namespace).
+source port, an exchange every ``--interval``), and one unconnected UDP socket per
+``--udp-unconnected`` target (sendto and recvfrom, the reply's source address kept: the
+Service's, as the client sent to). Prints one JSON document: every attempt with its monotonic
+start time (CLOCK_MONOTONIC is the machine's, the same in every namespace); each long-lived
+connection's peer (getpeername) when it opened and before it ended.
 
 The test side (``Figures``) reads it per step of the switch: failed new connections, the
-longest gap between successful ones, broken long-lived connections, lost UDP exchanges.
+longest gap between successful ones, broken long-lived connections (and those that had to
+retransmit: stalled, then recovered), lost UDP exchanges.
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ def _get(ip: str, port: int, timeout: float) -> str:
         return _response(s)
 
 
+def _address(peer: Any) -> str:
+    return f"{peer[0]}:{peer[1]}"
+
+
 def _response(s: socket.socket) -> str:
     data = b""
     while chunk := s.recv(4096):
@@ -59,11 +67,19 @@ def _new_connections(target: str, interval: float, stop: threading.Event, out: l
         stop.wait(max(0.0, start + interval - time.monotonic()))
 
 
+def _retransmitted(s: socket.socket) -> int:
+    """The connection's retransmitted segments so far (struct tcp_info's tcpi_total_retrans,
+    at byte 100): a segment lost on the way, as when a NAT binding stops being applied."""
+    info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    return int.from_bytes(info[100:104], sys.byteorder)
+
+
 def _long_tcp(target: str, stop: threading.Event, out: dict[str, Any]) -> None:
     ip, port = target.rsplit(":", 1)
-    out.update(target=target, opened=time.monotonic(), broken=None, pod=None)
+    out.update(target=target, opened=time.monotonic(), broken=None, pod=None, stalled=None)
     try:
         s = socket.create_connection((ip, int(port)), timeout=2.0)
+        out["peer"] = _address(s.getpeername())
         s.sendall(b"GET /hostname HTTP/1.0\r\nX-Keep: ")
     except OSError as err:
         out["broken"] = [time.monotonic(), f"open: {err}"]
@@ -72,10 +88,13 @@ def _long_tcp(target: str, stop: threading.Event, out: dict[str, Any]) -> None:
         while not stop.wait(0.1):
             try:
                 s.sendall(b"a")
+                if out["stalled"] is None and _retransmitted(s):
+                    out["stalled"] = time.monotonic()  # TCP recovers what a short stall lost
             except OSError as err:
                 out["broken"] = [time.monotonic(), f"send: {err}"]
                 return
         try:
+            out["peer_end"] = _address(s.getpeername())
             s.settimeout(3.0)
             s.sendall(b"\r\n\r\n")
             out["pod"] = _response(s)
@@ -98,10 +117,26 @@ def _udp_flow(target: str, interval: float, stop: threading.Event, out: list[Any
             stop.wait(max(0.0, start + interval - time.monotonic()))
 
 
+def _unconnected_udp(target: str, interval: float, stop: threading.Event, out: list[Any]) -> None:
+    ip, port = target.rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(0.5)
+        while not stop.is_set():
+            start = time.monotonic()
+            try:
+                s.sendto(b"hostname", (ip, int(port)))
+                data, peer = s.recvfrom(512)
+                out.append([start, data.decode(), _address(peer)])
+            except OSError as err:
+                out.append([start, None, str(err)])
+            stop.wait(max(0.0, start + interval - time.monotonic()))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--http", action="append", default=[])
     p.add_argument("--udp", action="append", default=[])
+    p.add_argument("--udp-unconnected", action="append", default=[])
     p.add_argument("--long", type=int, default=2)
     p.add_argument("--interval", type=float, default=0.02)
     p.add_argument("--stop", type=Path, required=True)
@@ -110,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     new: dict[str, list[Any]] = {t: [] for t in args.http}
     udp: dict[str, list[Any]] = {t: [] for t in args.udp}
+    unconnected: dict[str, list[Any]] = {t: [] for t in args.udp_unconnected}
     long: list[dict[str, Any]] = [{} for _ in args.http for _ in range(args.long)]
     threads = [
         threading.Thread(target=_new_connections, args=(t, args.interval, stop, new[t]))
@@ -123,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     threads += [
         threading.Thread(target=_udp_flow, args=(t, args.interval, stop, udp[t])) for t in args.udp
     ]
+    threads += [
+        threading.Thread(target=_unconnected_udp, args=(t, args.interval, stop, unconnected[t]))
+        for t in args.udp_unconnected
+    ]
     for t in threads:
         t.start()
     if args.ready:
@@ -132,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     stop.set()
     for t in threads:
         t.join()
-    json.dump({"new": new, "long": long, "udp": udp}, sys.stdout)
+    doc = {"new": new, "long": long, "udp": udp, "unconnected": unconnected}
+    json.dump(doc, sys.stdout)
     return 0
 
 
@@ -186,34 +227,48 @@ def lab_manifests(tmp: Path) -> Path:
 
 
 class Traffic:
-    """The generators in the client pod and the external host, until stopped."""
+    """The generators in the client pod (in its node's cgroup, as the pod's processes) and the
+    external host, until stopped. ``external=False`` leaves the external host out;
+    ``unconnected`` adds an unconnected UDP socket to the UDP Service."""
 
-    def __init__(self, lab: Any, tmp: Path, udp: bool = True) -> None:
+    def __init__(
+        self,
+        lab: Any,
+        tmp: Path,
+        udp: bool = True,
+        external: bool = True,
+        unconnected: bool = False,
+    ) -> None:
         from kits.cli_kit import wait_until
+        from kubeplex.testing import labkernel
         from kubeplex.testing.netlab import CLIENT_POD, EXTERNAL
 
         self.stop_file = tmp / "stop"
         self.procs: list[subprocess.Popen[str]] = []
-        for ns, args in (
-            (CLIENT_POD, ["--http", CLUSTER_IP, *(["--udp", UDP_SERVICE] if udp else [])]),
-            (EXTERNAL, ["--http", NODE_PORT]),
-        ):
+        client = ["--http", CLUSTER_IP, *(["--udp", UDP_SERVICE] if udp else [])]
+        client += ["--udp-unconnected", UDP_SERVICE] if unconnected else []
+        sources = [(CLIENT_POD, client)] + ([(EXTERNAL, ["--http", NODE_PORT])] if external else [])
+        for ns, args in sources:
             ready = tmp / f"ready-{ns}"
             cmd = ["ip", "netns", "exec", lab.namespace_of(ns), sys.executable, str(KIT)]
             cmd += [*args, "--stop", str(self.stop_file), "--ready", str(ready)]
-            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
+            join = labkernel.joiner(lab.cgroup_of(ns))
+            self.procs.append(
+                subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=join)
+            )
             wait_until(ready.exists, what=f"traffic from {ns}")
 
     def stop(self) -> dict[str, Any]:
         """Stop every generator; what they saw, merged."""
         self.stop_file.write_text("stop")
-        seen: dict[str, Any] = {"new": {}, "long": [], "udp": {}}
+        seen: dict[str, Any] = {"new": {}, "long": [], "udp": {}, "unconnected": {}}
         for proc in self.procs:
             out, _ = proc.communicate(timeout=15)
             doc = json.loads(out)
             seen["new"].update(doc["new"])
             seen["long"] += doc["long"]
             seen["udp"].update(doc["udp"])
+            seen["unconnected"].update(doc["unconnected"])
         return seen
 
     def kill(self) -> None:
@@ -233,16 +288,22 @@ class StepFigures:
     #: The longest time without a successful new connection to one target, in ms.
     longest_gap_ms: float = 0.0
     long_broken: int = 0
+    #: Long-lived connections that first had to retransmit in this step (TCP hides a stall).
+    long_stalled: int = 0
     udp_lost: int = 0
     #: UDP replies from another pod than the flow's first: its NAT was lost.
     udp_moved: int = 0
+    #: Unconnected UDP replies whose source was not the Service the datagram was sent to.
+    udp_wrong_source: int = 0
     leftovers: list[str] = field(default_factory=list)
 
     def row(self) -> str:
         return (
             f"{self.step:<34} new {self.new_failed:>3}/{self.new_total:<4} failed  "
-            f"gap {self.longest_gap_ms:>6.1f} ms  long broken {self.long_broken}  "
-            f"udp lost {self.udp_lost} moved {self.udp_moved}  leftovers {len(self.leftovers)}"
+            f"gap {self.longest_gap_ms:>6.1f} ms  long broken {self.long_broken} "
+            f"stalled {self.long_stalled}  "
+            f"udp lost {self.udp_lost} moved {self.udp_moved} "
+            f"wrong source {self.udp_wrong_source}  leftovers {len(self.leftovers)}"
         )
 
 
@@ -263,11 +324,18 @@ def figures(seen: dict[str, Any], steps: list[tuple[str, float, float]]) -> list
             broken = flow.get("broken")
             if broken and start <= broken[0] < end:
                 f.long_broken += 1
+            stalled = flow.get("stalled")
+            if stalled is not None and start <= stalled < end:
+                f.long_stalled += 1
         for exchanges in seen["udp"].values():
             first = next((e[1] for e in exchanges if e[1] is not None), None)
             inside = [e for e in exchanges if start <= e[0] < end]
             f.udp_lost += sum(1 for e in inside if e[1] is None)
             f.udp_moved += sum(1 for e in inside if e[1] is not None and e[1] != first)
+        for target, exchanges in seen.get("unconnected", {}).items():
+            inside = [e for e in exchanges if start <= e[0] < end]
+            f.udp_lost += sum(1 for e in inside if e[1] is None)
+            f.udp_wrong_source += sum(1 for e in inside if e[1] is not None and e[2] != target)
         out.append(f)
     return out
 
