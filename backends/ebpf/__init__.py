@@ -7,9 +7,11 @@ render.py's (graph to map operations), and ``apply`` sends the plan through the 
 ``prepare`` loads and attaches (or adopts what an earlier start pinned); ``cleanup`` detaches
 and unpins it all.
 
-Not done yet, so not declared: traffic from outside the node (NodePorts, externalIPs and
-LoadBalancer IPs reached from other hosts), SCTP, loopback NodePorts, loadBalancerSourceRanges
-and rejecting unused ClusterIP ports (``describe`` lists them for ``kubeplex backends``).
+Traffic from other hosts (NodePorts, externalIPs and LoadBalancer IPs) goes through the
+kernel's NAT in nftables tables of the mode's own (entry_nat.py), which the plan carries too.
+
+Not done yet, so not declared: SCTP, loopback NodePorts, loadBalancerSourceRanges and
+rejecting unused ClusterIP ports (``describe`` lists them for ``kubeplex backends``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import ipaddress
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, cast
 
-from kubeplex.backends.ebpf import metrics, requirements
+from kubeplex.backends.ebpf import entry_nat, metrics, requirements
 from kubeplex.backends.ebpf.inspection import programmed
 from kubeplex.backends.ebpf.layout import PROGRAMS
 from kubeplex.backends.ebpf.libbpf import LibbpfMissing
@@ -47,9 +49,8 @@ from kubeplex.core.model.types import IPFamily, NodeInfo, ServicePortName
 
 MODE = "ebpf"
 
-#: What the mode does not do yet (the kit has no capability name for the first).
+#: What the mode does not do yet.
 NOT_YET = (
-    "traffic from outside the node (NodePorts, externalIPs, LoadBalancer IPs from other hosts)",
     "SCTP Services",
     "NodePorts on loopback addresses",
     "loadBalancerSourceRanges",
@@ -85,6 +86,12 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
         self.loader = Loader(self.options.bpffs)
         super().__init__(ctx)
         self.renderer = EbpfRenderer()
+        self.entries = entry_nat.EntryNatRenderer()
+        #: Where the entry points for traffic from other hosts are written (in memory next
+        #: to a fake map seam).
+        self.entry_tables: entry_nat.EntryNatSeam = entry_nat.RecordedEntryNat()
+        if ctx.kernel is None:
+            self.entry_tables = entry_nat.NodeEntryNat(ctx.netns)
 
     def real_kernel(self) -> MapSeam:
         # No map is open until prepare (or an observe that finds them pinned): the
@@ -141,7 +148,8 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
 
     def render(self, state: ProxyState, observed: MapDump | None = None) -> EbpfPlan:
         self._settle(state)
-        return self.renderer.render(state, observed)
+        plan = self.renderer.render(state, observed)
+        return entry_nat.joined(plan, self.entries, state, self.renderer.settings)
 
     def apply(self, rendered: Rendered) -> SyncResult:
         plan = cast(EbpfPlan, rendered)  # (what this backend's render returned)
@@ -150,6 +158,7 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
         except OSError as err:
             self.renderer.invalidate()
             raise BackendError(f"ebpf: the maps refused the plan: {err}") from err
+        entry_nat.send(plan, self.entries, self.entry_tables)
         updates = sum(op.value is not None for op in plan.ops)
         return SyncResult(
             full=plan.full,
@@ -160,6 +169,7 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
 
     def invalidate(self) -> None:
         self.renderer.invalidate()
+        self.entries.invalidate()
 
     def metric_families(self) -> Sequence[MetricFamily]:
         return metrics.FAMILIES
@@ -187,7 +197,7 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
         return out
 
     def leftovers(self) -> list[str]:
-        return self.loader.leftovers()
+        return self.loader.leftovers() + entry_nat.leftovers(self.entry_tables)
 
     def cleanup(self, keep: Collection[str] = (), drain: bool = False) -> CleanupReport:
         """Detaches and unpins everything of the mode (the maps go with their last pin).
@@ -200,5 +210,7 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
             removed = self.loader.cleanup()
         except OSError as err:
             raise BackendError(f"ebpf: cleanup of {self.loader.folder}: {err}") from err
+        removed += entry_nat.remove(self.entry_tables)
         self.renderer = EbpfRenderer(self.renderer.settings)
+        self.entries = entry_nat.EntryNatRenderer()
         return CleanupReport(MODE, removed=tuple(removed))

@@ -138,6 +138,9 @@ class EbpfPlan(Rendered):
     #: Service ports (or one entry point of theirs) not programmed, with the reason: an
     #: unsupported protocol, an entry point another Service port holds.
     left_out: Mapping[str, str] = field(default_factory=dict)
+    #: The nftables transaction of the entry points for traffic from other hosts
+    #: (entry_nat.py), sent after the map operations; "" if they stay as they are.
+    entry_nat: str = ""
 
     @property
     def full(self) -> bool:
@@ -151,7 +154,7 @@ class EbpfPlan(Rendered):
             if op.value is None
             else f"update {op.map} {op.key.hex()} {op.value.hex()}"
             for op in self.ops
-        ]
+        ] + ([self.entry_nat] if self.entry_nat else [])
 
     def send(self, seam: MapSeam) -> None:
         """Send every operation in order; the seam's ``OSError`` stops at the first refused."""
@@ -161,4 +164,6 @@ class EbpfPlan(Rendered):
     def __str__(self) -> str:
         lines = [str(op) for op in self.ops]
         lines += [f"# left out: {svc}: {why}" for svc, why in sorted(self.left_out.items())]
+        if self.entry_nat:
+            lines += ["# nftables, traffic from other hosts:", self.entry_nat.rstrip("\n")]
         return "".join(line + "\n" for line in lines)

@@ -1,0 +1,299 @@
+"""The ebpf mode's entry points for traffic from other hosts: the kernel's NAT, in nftables
+tables of the mode's own (``ip kubeplex-ebpf``, ``ip6 kubeplex-ebpf``).
+
+The socket programs translate what processes of the node's cgroup connect to; a packet that
+arrives from the lan for a NodePort on a node address, an externalIP or a LoadBalancer IP was
+translated by no socket. These tables DNAT it at prerouting: one lookup of the destination in
+a verdict map (an externalIP or LoadBalancer IP with its port and protocol), or of the port
+and protocol in another one where the destination is a NodePort address, so the cost does not
+grow with the number of Services; the verdict is the Service port's chain, which picks an
+endpoint with ``numgen`` and DNATs to it. Packets that start on the node never reach
+prerouting, and those of the node's pods were translated at their socket: conntrack holds NAT
+entries for the external flows only.
+
+Per Service port and family, as upstream's external destinations:
+
+* externalTrafficPolicy Cluster: every endpoint the graph chooses for the cluster, and the
+  source masqueraded (the masquerade mark, taken off and acted on at postrouting);
+* Local: the node's local endpoints, the client's address kept; none here: dropped;
+* no endpoint anywhere: rejected, as the socket programs refuse the connection;
+* loadBalancerSourceRanges: a source outside them is dropped at the LoadBalancer IPs.
+
+Every write replaces the tables in one transaction (created, deleted, written again), so a
+full sync reconciles whatever the tables held; a partial sync writes only if the text
+changed. Session affinity is not applied to these flows yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from kubeplex.backends.ebpf.plan import EbpfPlan
+from kubeplex.backends.ebpf.render import RenderSettings
+from kubeplex.backends.netfilter import nft
+from kubeplex.backends.netfilter.hashing import cached_base
+from kubeplex.backends.netfilter.marks import masquerade_mark
+from kubeplex.core.model.errors import BackendError
+from kubeplex.core.model.graph import ProxyState, ServiceGraph
+from kubeplex.core.model.types import IPFamily, ServicePort, family_of
+from kubeplex.core.model.types import Protocol as L4
+
+TABLE = "kubeplex-ebpf"
+#: The nftables family of each IP family's table.
+FAMILIES = {IPFamily.IPv4: "ip", IPFamily.IPv6: "ip6"}
+#: Upstream's default masquerade bit.
+MASQUERADE = masquerade_mark(14)
+_PROTOCOLS = {L4.TCP: "tcp", L4.UDP: "udp"}
+_ADDR_TYPES = {IPFamily.IPv4: "ipv4_addr", IPFamily.IPv6: "ipv6_addr"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What one Service port of one family adds to its family's table."""
+
+    #: Its externalIP and LoadBalancer IP keys ("ADDR . PROTO . PORT") with their verdicts.
+    addresses: tuple[tuple[str, str], ...]
+    #: Its NodePort key ("PROTO . PORT") with its verdict, if it has one.
+    nodeport: tuple[str, str] | None
+    #: Its chains.
+    chains: tuple[str, ...]
+
+
+def _chain(name: str, rules: Iterable[str]) -> str:
+    return f"  chain {name} {{\n" + "".join(f"    {rule}\n" for rule in rules) + "  }\n"
+
+
+def source_ranges(ranges: Iterable[str], family: IPFamily) -> list[str]:
+    """``family``'s ranges, merged: an nft set refuses intervals that overlap."""
+    if family is IPFamily.IPv4:
+        v4 = [n for n in map(_network, ranges) if isinstance(n, ipaddress.IPv4Network)]
+        return [str(n) for n in ipaddress.collapse_addresses(v4)]
+    v6 = [n for n in map(_network, ranges) if isinstance(n, ipaddress.IPv6Network)]
+    return [str(n) for n in ipaddress.collapse_addresses(v6)]
+
+
+def _network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    return ipaddress.ip_network(text, strict=False)
+
+
+def entry(graph: ServiceGraph, svc: ServicePort) -> Entry | None:
+    """``svc``'s part of the table, or None if it has no external entry point here."""
+    proto = _PROTOCOLS.get(svc.protocol)
+    if proto is None or not (svc.node_port or svc.external_ips or svc.load_balancer_vips):
+        return None
+    family, addr = graph.family, "ip" if graph.family is IPFamily.IPv4 else "ip6"
+    # Named as the nftables mode names a Service port's chains: ns/name/proto/port.
+    spn = svc.name
+    base = cached_base(f"{spn.namespace}/{spn.name}/{proto}/{spn.port}")
+    external = f"external-{base}"
+    chosen = graph.categorized(svc.name)
+    endpoints = chosen.local if svc.external_policy_local else chosen.cluster
+    rules: list[str]
+    if not chosen.has_any:
+        rules = ["reject"]
+    elif not endpoints:
+        rules = ["drop"]
+    else:
+        rules = [] if svc.external_policy_local else [f"meta mark set meta mark | {MASQUERADE}"]
+        targets = ", ".join(f"{slot} : {ep.ip} . {ep.port}" for slot, ep in enumerate(endpoints))
+        mod = len(endpoints)
+        rules.append(f"meta l4proto {proto} dnat to numgen random mod {mod} map {{ {targets} }}")
+    chains = [_chain(external, rules)]
+    verdict = f"goto {external}"
+    lb_verdict = verdict
+    ranges = source_ranges(svc.load_balancer_source_ranges, family)
+    if svc.load_balancer_vips and ranges:
+        firewall = f"firewall-{base}"
+        allowed = ", ".join(ranges)
+        chains.append(_chain(firewall, [f"{addr} saddr != {{ {allowed} }} drop", verdict]))
+        lb_verdict = f"goto {firewall}"
+    addresses = [(f"{ip} . {proto} . {svc.port}", verdict) for ip in svc.external_ips]
+    addresses += [(f"{ip} . {proto} . {svc.port}", lb_verdict) for ip in svc.load_balancer_vips]
+    nodeport = (f"{proto} . {svc.node_port}", verdict) if svc.node_port else None
+    return Entry(tuple(addresses), nodeport, tuple(chains))
+
+
+def _elements(pairs: Iterable[tuple[str, str]]) -> str:
+    """A map's elements; on a key two Service ports want, the one rendered first keeps it."""
+    taken: dict[str, str] = {}
+    for key, verdict in pairs:
+        taken.setdefault(key, verdict)
+    if not taken:
+        return ""
+    listed = "".join(f"      {k} : {v},\n" for k, v in taken.items())
+    return "    elements = {\n" + listed + "    }\n"
+
+
+def table(family: IPFamily, entries: Iterable[Entry], nodeport_addresses: Iterable[str]) -> str:
+    """One family's table, as ``nft -f`` reads it."""
+    listed = list(entries)
+    addr, addr_type = ("ip" if family is IPFamily.IPv4 else "ip6"), _ADDR_TYPES[family]
+    ips = [ip for ip in nodeport_addresses if family_of(ip) is family]
+    out = [f"table {FAMILIES[family]} {TABLE} {{\n"]
+    out.append(f"  set nodeport-ips {{\n    type {addr_type}\n")
+    out.append(f"    elements = {{ {', '.join(ips)} }}\n  }}\n" if ips else "  }\n")
+    out.append(
+        f"  map entry-points {{\n    type {addr_type} . inet_proto . inet_service : verdict\n"
+    )
+    out.append(_elements(pair for e in listed for pair in e.addresses) + "  }\n")
+    out.append("  map nodeports {\n    type inet_proto . inet_service : verdict\n")
+    out.append(_elements(e.nodeport for e in listed if e.nodeport) + "  }\n")
+    out.append(
+        _chain(
+            "prerouting",
+            [
+                "type nat hook prerouting priority dstnat; policy accept;",
+                f"{addr} daddr . meta l4proto . th dport vmap @entry-points",
+                f"{addr} daddr @nodeport-ips meta l4proto . th dport vmap @nodeports",
+            ],
+        )
+    )
+    out.append(
+        _chain(
+            "postrouting",
+            [
+                "type nat hook postrouting priority srcnat; policy accept;",
+                f"meta mark & {MASQUERADE} == 0 return",
+                f"meta mark set meta mark ^ {MASQUERADE}",
+                "masquerade fully-random",
+            ],
+        )
+    )
+    out += [chain for e in listed for chain in e.chains]
+    out.append("}\n")
+    return "".join(out)
+
+
+class EntryNatRenderer:
+    """The tables' text for a ``ProxyState``; each Service port's part is kept, and a partial
+    render recomputes only the changed ones."""
+
+    def __init__(self) -> None:
+        self._entries: dict[IPFamily, dict[str, Entry]] = {}
+        #: The text last committed (None: unknown, the next render is sent).
+        self.applied: str | None = None
+
+    def invalidate(self) -> None:
+        self.applied = None
+
+    def render(self, state: ProxyState, nodeport_addresses: Iterable[str]) -> str:
+        """The whole transaction that makes the tables hold ``state``'s entry points."""
+        full = state.is_full() or self.applied is None
+        for family, graph in state.graphs.items():
+            if full:
+                self._entries[family] = {}
+            kept = self._entries.setdefault(family, {})
+            for spn in graph.services if full else state.changes[family].services:
+                svc = graph.services.get(spn)
+                found = entry(graph, svc) if svc is not None else None
+                if found is None:
+                    kept.pop(str(spn), None)
+                else:
+                    kept[str(spn)] = found
+        addresses = tuple(nodeport_addresses)
+        out = []
+        for family in sorted(state.graphs, key=lambda f: FAMILIES[f]):
+            kind = FAMILIES[family]
+            kept = self._entries.get(family, {})
+            mine = [kept[name] for name in sorted(kept)]
+            out.append(f"add table {kind} {TABLE}\ndelete table {kind} {TABLE}\n")
+            out.append(table(family, mine, addresses))
+        return "".join(out)
+
+
+class EntryNatSeam(Protocol):
+    """Where the tables are written: the node's nftables, or an in-memory record."""
+
+    writes: ClassVar[tuple[str, ...]]
+
+    def run(self, text: str) -> None:
+        """Commit ``text`` as one transaction (BackendError if refused: nothing changes)."""
+
+    def tables(self) -> list[tuple[str, str]]:
+        """The (family, name) of every table there."""
+        return []
+
+
+class NodeEntryNat:
+    """The node's nftables, in ``netns``, through ``nft -f``."""
+
+    writes: ClassVar[tuple[str, ...]] = ("run",)
+
+    def __init__(self, netns: str | None) -> None:
+        self.netns = netns
+
+    def run(self, text: str) -> None:
+        nft.run_transaction(text, self.netns)
+
+    def tables(self) -> list[tuple[str, str]]:
+        return nft.tables(self.netns)
+
+
+class RecordedEntryNat:
+    """What the tables would hold, in memory (next to a fake map seam): every transaction
+    in ``sent``; the tables of the mode present after a write, gone after a delete."""
+
+    writes: ClassVar[tuple[str, ...]] = ("run",)
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.present: set[tuple[str, str]] = set()
+
+    def run(self, text: str) -> None:
+        self.sent.append(text)
+        for line in text.splitlines():
+            words = line.split()
+            if words[:1] == ["table"] and len(words) >= 3:
+                self.present.add((words[1], words[2]))
+            elif words[:2] == ["delete", "table"] and len(words) == 4:
+                self.present.discard((words[2], words[3]))
+
+    def tables(self) -> list[tuple[str, str]]:
+        return sorted(self.present)
+
+
+# --- what the backend calls ---------------------------------------------------------------
+
+
+def joined(
+    plan: EbpfPlan, renderer: EntryNatRenderer, state: ProxyState, settings: RenderSettings
+) -> EbpfPlan:
+    """``plan`` with the tables' transaction, if they must be written: at a full sync (which
+    reconciles them), after a failure, or when the text changed."""
+    text = renderer.render(state, settings.nodeport_addresses)
+    if plan.full or state.is_full() or text != renderer.applied:
+        return dataclasses.replace(plan, entry_nat=text)
+    return plan
+
+
+def send(plan: EbpfPlan, renderer: EntryNatRenderer, seam: EntryNatSeam) -> None:
+    """Commit the plan's transaction (BackendError if refused: the next render sends it)."""
+    if not plan.entry_nat:
+        return
+    renderer.applied = None
+    seam.run(plan.entry_nat)
+    renderer.applied = plan.entry_nat
+
+
+def _present(seam: EntryNatSeam) -> list[tuple[str, str]]:
+    """The mode's tables the seam holds (none where nft cannot be run)."""
+    try:
+        return [(kind, name) for kind, name in seam.tables() if name == TABLE]
+    except BackendError:
+        return []
+
+
+def leftovers(seam: EntryNatSeam) -> list[str]:
+    return [f"nftables table {kind} {name}" for kind, name in _present(seam)]
+
+
+def remove(seam: EntryNatSeam) -> list[str]:
+    """Deletes the mode's tables; says which."""
+    found = _present(seam)
+    if found:
+        seam.run("".join(f"delete table {kind} {name}\n" for kind, name in found))
+    return [f"nftables table {kind} {name}" for kind, name in found]
