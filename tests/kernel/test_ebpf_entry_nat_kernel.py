@@ -1,0 +1,146 @@
+"""The ebpf mode's entry points for traffic from other hosts, in the namespace lab: the external
+host (in no node's cgroup, so no socket program translates its connections) reaches a
+NodePort on kind-worker's address, an externalIP and a LoadBalancer IP routed to it, through
+the kernel NAT of the mode's nftables tables; the source is masqueraded for Cluster policy
+and kept for Local; conntrack in the node holds NAT entries for these flows only; a full sync
+puts back a table someone deleted; cleanup leaves nothing."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+
+import pytest
+from kits.dataplane_kit import shared_dataplane
+
+from kubeplex.testing.conformance.traffic import (
+    NODEPORT,
+    WEB_VIP,
+    WEBS,
+    all_ok,
+    hosts,
+    ip_of,
+    synced,
+    web,
+)
+from kubeplex.testing.dataplane import DataplaneCluster
+from kubeplex.testing.netlab import CLIENT_POD, EXTERNAL, NODE1, NODE2, WEB_A, WEB_B, tally
+
+pytestmark = pytest.mark.kernel
+
+EXTERNAL_IP = "192.0.2.20"
+LB_IP = "192.0.2.10"
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[DataplaneCluster]:
+    yield from shared_dataplane("ebpf")
+
+
+def tables(dc: DataplaneCluster, node: str) -> str:
+    return str(dc.lab.exec(node, ["nft", "list", "tables"]).stdout)
+
+
+def dnat_entries(dc: DataplaneCluster, node: str) -> list[str]:
+    """The node's conntrack entries whose destination was translated."""
+    done = dc.lab.exec(node, ["conntrack", "-L", "--dst-nat"], check=False)
+    return [line for line in done.stdout.splitlines() if line.strip()]
+
+
+def test_a_nodeport_from_the_external_host_cluster_policy(dp: DataplaneCluster) -> None:
+    synced(dp, *web(dp, type="NodePort", node_port=NODEPORT))
+    node1 = ip_of(dp, NODE1)
+    answers = dp.lab.http(EXTERNAL, node1, NODEPORT, count=30)
+    assert all_ok(answers), tally(answers)
+    # Endpoints on both nodes answer (one of three never chosen in 30: 3 in 190,000).
+    assert set(tally(answers)) == set(WEBS)
+    seen = dp.lab.http(EXTERNAL, node1, NODEPORT, "/clientip", count=6)
+    assert all_ok(seen) and ip_of(dp, EXTERNAL) not in hosts(seen), seen
+    # Masqueraded to the node's address, where the pod is on the other node.
+    assert hosts(seen) <= {node1, "10.244.1.1"}, seen
+    # And from the other node's host (its socket programs know only its own NodePorts).
+    assert all_ok(dp.lab.http(NODE2, node1, NODEPORT, count=6))
+
+
+def test_a_nodeport_local_policy_keeps_the_client_and_drops_without_local_endpoints(
+    dp: DataplaneCluster,
+) -> None:
+    synced(
+        dp,
+        *web(
+            dp, (WEB_A, WEB_B), type="NodePort", node_port=NODEPORT, external_traffic_policy="Local"
+        ),
+    )
+    node1, node2 = ip_of(dp, NODE1), ip_of(dp, NODE2)
+    seen = dp.lab.http(EXTERNAL, node1, NODEPORT, "/clientip", count=6)
+    assert all_ok(seen) and hosts(seen) == {ip_of(dp, EXTERNAL)}, seen
+    assert tally(dp.lab.http(EXTERNAL, node1, NODEPORT, count=10)) == {WEB_A: 10}
+    assert tally(dp.lab.http(EXTERNAL, node2, NODEPORT, count=10)) == {WEB_B: 10}
+    # web-b goes: kind-worker2 has no local endpoint left and drops.
+    synced(
+        dp,
+        *web(dp, (WEB_A,), type="NodePort", node_port=NODEPORT, external_traffic_policy="Local"),
+    )
+    [dropped] = dp.lab.http(EXTERNAL, node2, NODEPORT, timeout=1.0)
+    assert dropped.outcome == "timeout", dropped
+    assert tally(dp.lab.http(EXTERNAL, node1, NODEPORT, count=3)) == {WEB_A: 3}
+
+
+def test_external_ips_and_a_load_balancer_ip_routed_to_the_node(dp: DataplaneCluster) -> None:
+    synced(
+        dp,
+        *web(
+            dp,
+            type="LoadBalancer",
+            node_port=30081,
+            external_ips=[EXTERNAL_IP],
+            load_balancer_ips=[LB_IP],
+        ),
+    )
+    for ip in (EXTERNAL_IP, LB_IP):
+        dp.lab.add_route(EXTERNAL, f"{ip}/32", ip_of(dp, NODE1))
+    try:
+        for ip in (EXTERNAL_IP, LB_IP):
+            answers = dp.lab.http(EXTERNAL, ip, 80, count=12)
+            assert all_ok(answers) and set(tally(answers)) <= set(WEBS), (ip, tally(answers))
+        answers = dp.lab.udp(EXTERNAL, ip_of(dp, NODE1), 30081, count=1)
+        assert not all_ok(answers)  # a TCP Service: its NodePort is not open to UDP
+    finally:
+        for ip in (EXTERNAL_IP, LB_IP):
+            dp.lab.exec(EXTERNAL, ["ip", "route", "del", f"{ip}/32"])
+
+
+def test_conntrack_holds_nat_entries_for_the_external_flows_only(dp: DataplaneCluster) -> None:
+    if shutil.which("conntrack") is None:
+        pytest.skip("the conntrack tool is not installed")
+    if dp.lab.cgroup_of(CLIENT_POD) is None:
+        pytest.skip(f"the lab has no node cgroups: {dp.lab.no_cgroups}")
+    synced(dp, *web(dp, type="NodePort", node_port=NODEPORT))
+    # A pod of the node (in its cgroup: translated at the socket) and the external host.
+    assert all_ok(dp.lab.http(CLIENT_POD, WEB_VIP, 80, count=5))
+    assert all_ok(dp.lab.http(CLIENT_POD, ip_of(dp, NODE1), NODEPORT, count=5))
+    assert all_ok(dp.lab.http(EXTERNAL, ip_of(dp, NODE1), NODEPORT, count=5))
+    found = dnat_entries(dp, NODE1)
+    external = re.escape(ip_of(dp, EXTERNAL))
+    assert len(found) == 5, found
+    assert all(re.search(rf"src={external} dst=\S+ sport=\d+ dport={NODEPORT} ", e) for e in found)
+
+
+def test_a_full_sync_puts_back_a_deleted_table_and_cleanup_removes_it(
+    dp: DataplaneCluster,
+) -> None:
+    synced(dp, *web(dp, type="NodePort", node_port=NODEPORT))
+    assert "table ip kubeplex-ebpf" in tables(dp, NODE1)
+    dp.lab.exec(NODE1, ["nft", "delete", "table", "ip", "kubeplex-ebpf"])
+    [lost] = dp.lab.http(EXTERNAL, ip_of(dp, NODE1), NODEPORT, timeout=1.0)
+    assert not lost.ok
+    assert dp.agent(NODE1).sync(full=True)
+    assert all_ok(dp.lab.http(EXTERNAL, ip_of(dp, NODE1), NODEPORT, count=3))
+
+    agent = dp.agent(NODE1)
+    assert "nftables table ip kubeplex-ebpf" in agent.backend.leftovers()
+    report = agent.cleanup()
+    assert "nftables table ip kubeplex-ebpf" in report.removed
+    assert "kubeplex-ebpf" not in tables(dp, NODE1)
+    assert agent.backend.leftovers() == []
