@@ -20,6 +20,7 @@ KIT_CAPABILITIES = frozenset(
         "reject-unused-clusterip-ports",
         "render-only",
         "session-affinity",
+        "socket-load-balancing",
     }
 )
 
