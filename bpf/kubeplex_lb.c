@@ -9,7 +9,9 @@
  * (0), and a denial alone is EPERM; bpf_set_retval(-ECONNREFUSED) first makes connect() and
  * sendto() fail with ECONNREFUSED, what a client sees from upstream's REJECT (and Cilium's).
  *
- * Not yet: IPv4-mapped IPv6 addresses (::ffff:a.b.c.d) on IPv6 sockets pass unchanged. */
+ * An IPv6 socket naming an IPv4-mapped address (::ffff:a.b.c.d, a dual-stack socket reaching
+ * an IPv4 Service) is translated as the IPv4 socket would be, through the IPv4 maps, and the
+ * backend it gets is IPv4-mapped too. */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -43,6 +45,13 @@ struct {
 } kpx_backends SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, KPX_SLOTS_MAX);
+	__type(key, struct kpx_slot_key);
+	__type(value, struct kpx_slot_value);
+} kpx_slots SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, KPX_REVNAT_MAX);
 	__type(key, struct kpx_revnat4_key);
@@ -63,46 +72,54 @@ struct {
 	__type(value, struct kpx_affinity_value);
 } kpx_affinity SEC(".maps");
 
-/* The slot of the backend for this connection: the client's previous one while its affinity
- * entry is younger than the timeout, else a random one (remembered when affinity is on). */
-static __always_inline __u16 choose_slot(struct bpf_sock_addr *ctx, const struct kpx_svc_value *svc)
-{
-	struct kpx_affinity_key akey = {};
-	struct kpx_affinity_value aval = {};
-	struct kpx_affinity_value *prev;
-	__u64 now;
-
-	if (!(svc->flags & KPX_FLAG_AFFINITY))
-		return bpf_get_prandom_u32() % svc->count;
-
-	akey.netns_cookie = bpf_get_netns_cookie(ctx);
-	akey.svc_id = svc->svc_id;
-	now = bpf_ktime_get_ns();
-	prev = bpf_map_lookup_elem(&kpx_affinity, &akey);
-	if (prev && prev->slot < svc->count &&
-	    now - prev->last_used_ns < (__u64)svc->affinity_timeout * NSEC_PER_SEC)
-		aval.slot = prev->slot;
-	else
-		aval.slot = bpf_get_prandom_u32() % svc->count;
-	aval.last_used_ns = now;
-	bpf_map_update_elem(&kpx_affinity, &akey, &aval, BPF_ANY);
-	return aval.slot;
-}
-
-/* The backend for a Service value, or NULL when there is none (or none of this family). */
+/* The backend for a Service value, or NULL when there is none (or none of this family). With
+ * affinity: the client's previous endpoint while its entry is younger than the timeout and the
+ * endpoint is still one of the Service's (kpx_slots says in which slot now), else a random one;
+ * the endpoint chosen is remembered. */
 static __always_inline const struct kpx_backend_value *
 pick_backend(struct bpf_sock_addr *ctx, const struct kpx_svc_value *svc, __u8 family)
 {
 	struct kpx_backend_key bkey = {};
+	struct kpx_affinity_key akey = {};
+	struct kpx_affinity_value aval = {};
+	struct kpx_slot_key skey = {};
+	const struct kpx_affinity_value *prev;
+	const struct kpx_slot_value *moved;
 	const struct kpx_backend_value *backend;
+	__u64 now = 0;
 
 	bkey.svc_id = svc->svc_id;
-	bkey.slot = choose_slot(ctx, svc);
+	bkey.slot = bpf_get_prandom_u32() % svc->count;
+	if (svc->flags & KPX_FLAG_AFFINITY) {
+		akey.netns_cookie = bpf_get_netns_cookie(ctx);
+		akey.svc_id = svc->svc_id;
+		now = bpf_ktime_get_ns();
+		prev = bpf_map_lookup_elem(&kpx_affinity, &akey);
+		if (prev && now - prev->last_used_ns < (__u64)svc->affinity_timeout * NSEC_PER_SEC) {
+			skey.svc_id = svc->svc_id;
+			skey.port = prev->port;
+			__builtin_memcpy(skey.addr, prev->addr, sizeof(skey.addr));
+			moved = bpf_map_lookup_elem(&kpx_slots, &skey);
+			if (moved && moved->slot < svc->count)
+				bkey.slot = moved->slot;
+		}
+	}
 	backend = bpf_map_lookup_elem(&kpx_backends, &bkey);
 	if (!backend || backend->family != family)
 		return NULL;
+	if (svc->flags & KPX_FLAG_AFFINITY) {
+		__builtin_memcpy(aval.addr, backend->addr, sizeof(aval.addr));
+		aval.port = backend->port;
+		aval.last_used_ns = now;
+		bpf_map_update_elem(&kpx_affinity, &akey, &aval, BPF_ANY);
+	}
 	return backend;
 }
+
+/* What a Service lookup found. */
+#define KPX_PASS 0
+#define KPX_REFUSE 1
+#define KPX_TRANSLATED 2
 
 static __always_inline int refuse(void)
 {
@@ -110,7 +127,12 @@ static __always_inline int refuse(void)
 	return 0;
 }
 
-static __always_inline int translate4(struct bpf_sock_addr *ctx)
+/* The IPv4 Service at addr (and the context's port and protocol): KPX_PASS when there is none
+ * (or no backend of its family), KPX_REFUSE without endpoints, else KPX_TRANSLATED with the
+ * backend in *to / *to_port and the Service remembered for the reverse path. IPv4 sockets and
+ * IPv6 ones naming an IPv4-mapped address (::ffff:a.b.c.d) share it. */
+static __always_inline int service4(struct bpf_sock_addr *ctx, __be32 addr, __be32 *to,
+				    __be16 *to_port)
 {
 	struct kpx_svc4_key key = {};
 	struct kpx_revnat4_key rkey = {};
@@ -118,17 +140,17 @@ static __always_inline int translate4(struct bpf_sock_addr *ctx)
 	const struct kpx_svc_value *svc;
 	const struct kpx_backend_value *backend;
 
-	key.addr = ctx->user_ip4;
+	key.addr = addr;
 	key.port = (__be16)ctx->user_port;
 	key.proto = (__u8)ctx->protocol;
 	svc = bpf_map_lookup_elem(&kpx_svc4, &key);
 	if (!svc)
-		return 1;
+		return KPX_PASS;
 	if (svc->count == 0)
-		return refuse();
+		return KPX_REFUSE;
 	backend = pick_backend(ctx, svc, KPX_FAMILY_V4);
 	if (!backend)
-		return 1;
+		return KPX_PASS;
 
 	rkey.cookie = bpf_get_socket_cookie(ctx);
 	rkey.addr = backend->addr[0];
@@ -137,8 +159,47 @@ static __always_inline int translate4(struct bpf_sock_addr *ctx)
 	rval.port = key.port;
 	bpf_map_update_elem(&kpx_revnat4, &rkey, &rval, BPF_ANY);
 
-	ctx->user_ip4 = backend->addr[0];
-	ctx->user_port = backend->port;
+	*to = backend->addr[0];
+	*to_port = backend->port;
+	return KPX_TRANSLATED;
+}
+
+static __always_inline int translate4(struct bpf_sock_addr *ctx)
+{
+	__be32 to = 0;
+	__be16 to_port = 0;
+	int found = service4(ctx, ctx->user_ip4, &to, &to_port);
+
+	if (found == KPX_REFUSE)
+		return refuse();
+	if (found == KPX_TRANSLATED) {
+		ctx->user_ip4 = to;
+		ctx->user_port = to_port;
+	}
+	return 1;
+}
+
+/* ::ffff:a.b.c.d, an IPv4 address on an IPv6 socket (a dual-stack one). */
+static __always_inline int v4_mapped(struct bpf_sock_addr *ctx)
+{
+	return ctx->user_ip6[0] == 0 && ctx->user_ip6[1] == 0 &&
+	       ctx->user_ip6[2] == bpf_htonl(0x0000ffff);
+}
+
+/* Not inlined: inlined, the compiler merges its writes of the context with translate6's
+ * into one through a moved context pointer, which the verifier refuses. */
+static __noinline int translate4in6(struct bpf_sock_addr *ctx)
+{
+	__be32 to = 0;
+	__be16 to_port = 0;
+	int found = service4(ctx, ctx->user_ip6[3], &to, &to_port);
+
+	if (found == KPX_REFUSE)
+		return refuse();
+	if (found == KPX_TRANSLATED) {
+		ctx->user_ip6[3] = to;
+		ctx->user_port = to_port;
+	}
 	return 1;
 }
 
@@ -150,6 +211,8 @@ static __always_inline int translate6(struct bpf_sock_addr *ctx)
 	const struct kpx_svc_value *svc;
 	const struct kpx_backend_value *backend;
 
+	if (v4_mapped(ctx))
+		return translate4in6(ctx);
 	key.addr[0] = ctx->user_ip6[0];
 	key.addr[1] = ctx->user_ip6[1];
 	key.addr[2] = ctx->user_ip6[2];
@@ -180,18 +243,38 @@ static __always_inline int translate6(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
+/* The Service a socket's connection to the IPv4 backend addr (and the context's port) was
+ * translated from, or NULL. */
+static __always_inline const struct kpx_revnat4_value *service_of4(struct bpf_sock_addr *ctx,
+								   __be32 addr)
+{
+	struct kpx_revnat4_key rkey = {};
+
+	rkey.cookie = bpf_get_socket_cookie(ctx);
+	rkey.addr = addr;
+	rkey.port = (__be16)ctx->user_port;
+	return bpf_map_lookup_elem(&kpx_revnat4, &rkey);
+}
+
 /* Shows the Service address where the socket saw a backend it was translated to. */
 static __always_inline int reverse4(struct bpf_sock_addr *ctx)
 {
-	struct kpx_revnat4_key rkey = {};
-	const struct kpx_revnat4_value *rval;
+	const struct kpx_revnat4_value *rval = service_of4(ctx, ctx->user_ip4);
 
-	rkey.cookie = bpf_get_socket_cookie(ctx);
-	rkey.addr = ctx->user_ip4;
-	rkey.port = (__be16)ctx->user_port;
-	rval = bpf_map_lookup_elem(&kpx_revnat4, &rkey);
 	if (rval) {
 		ctx->user_ip4 = rval->addr;
+		ctx->user_port = rval->port;
+	}
+	return 1;
+}
+
+/* Not inlined, as translate4in6. */
+static __noinline int reverse4in6(struct bpf_sock_addr *ctx)
+{
+	const struct kpx_revnat4_value *rval = service_of4(ctx, ctx->user_ip6[3]);
+
+	if (rval) {
+		ctx->user_ip6[3] = rval->addr;
 		ctx->user_port = rval->port;
 	}
 	return 1;
@@ -202,6 +285,8 @@ static __always_inline int reverse6(struct bpf_sock_addr *ctx)
 	struct kpx_revnat6_key rkey = {};
 	const struct kpx_revnat6_value *rval;
 
+	if (v4_mapped(ctx))
+		return reverse4in6(ctx);
 	rkey.cookie = bpf_get_socket_cookie(ctx);
 	rkey.addr[0] = ctx->user_ip6[0];
 	rkey.addr[1] = ctx->user_ip6[1];

@@ -28,7 +28,7 @@ from kubeplex.backends.ebpf.libbpf import LibbpfMissing
 from kubeplex.backends.ebpf.loader import Loader, LoaderError
 from kubeplex.backends.ebpf.maps import PinnedMaps
 from kubeplex.backends.ebpf.options import EbpfOptions
-from kubeplex.backends.ebpf.plan import RENDERED_MAPS, EbpfPlan, MapDump, MapSeam
+from kubeplex.backends.ebpf.plan import OBSERVED_MAPS, EbpfPlan, MapDump, MapSeam
 from kubeplex.backends.ebpf.render import EbpfRenderer, RenderSettings
 from kubeplex.core.dataplane import plugins
 from kubeplex.core.dataplane.backend import (
@@ -126,14 +126,15 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
                 self.kernel.maps = self.loader.open_maps()
 
     def observe(self, state: ProxyState) -> MapDump | None:
-        """A full sync's dump of the maps the render writes (None: no maps pinned yet); a
-        partial sync reads nothing."""
+        """A full sync's dump of the maps the render writes, and of the affinity entries (it
+        deletes those of Services gone; None: no maps pinned yet); a partial sync reads
+        nothing."""
         self._settle(state)
         if not (self.renderer.force_full or state.is_full()):
             return None
         self._open_pinned()
         try:
-            return {name: self.kernel.dump(name) for name in RENDERED_MAPS}
+            return {name: self.kernel.dump(name) for name in OBSERVED_MAPS}
         except OSError:
             return None
 
@@ -141,7 +142,7 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
         """The render's settings for ``state``'s node; a change makes the next render full
         (observe settles first, so that it reads the dump that render then needs)."""
         addresses = nodeport_addresses(self.ctx.config.node_port_addresses, state.node)
-        settings = RenderSettings(addresses)
+        settings = RenderSettings(addresses, tuple(self.ctx.families))
         if settings != self.renderer.settings:
             self.renderer.settings = settings
             self.renderer.invalidate()

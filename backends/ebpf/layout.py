@@ -48,6 +48,11 @@ SVC_VALUE: Final = struct.Struct("=IHHI")
 BACKEND_KEY: Final = struct.Struct("=IHxx")
 BACKEND_VALUE: Final = struct.Struct("=16s2sBx")
 
+# kpx_slots (HASH), for Services with affinity: {svc_id u32, port be16, pad u16, addr[16]} ->
+# {slot u16, pad u16}. An affinity entry names its endpoint; this says in which slot it is now.
+SLOT_KEY: Final = struct.Struct("=I2sxx16s")
+SLOT_VALUE: Final = struct.Struct("=Hxx")
+
 # kpx_revnat4 / kpx_revnat6 (LRU_HASH): {socket cookie u64, backend addr, backend port be16, pad}
 # -> {service addr, service port be16, pad}. The IPv6 key pads to the u64's alignment.
 REVNAT4_KEY: Final = struct.Struct("=Q4s2sxx")
@@ -55,19 +60,20 @@ REVNAT4_VALUE: Final = struct.Struct("=4s2sxx")
 REVNAT6_KEY: Final = struct.Struct("=Q16s2sxxxxxx")
 REVNAT6_VALUE: Final = struct.Struct("=16s2sxx")
 
-# kpx_affinity (LRU_HASH): {netns cookie u64, svc_id u32, pad u32} -> {slot u16, pad u16,
-# pad u32, last_used_ns u64}
+# kpx_affinity (LRU_HASH): {netns cookie u64, svc_id u32, pad u32} -> {endpoint addr[16],
+# endpoint port be16, pad u16, pad u32, last_used_ns u64}
 AFFINITY_KEY: Final = struct.Struct("=QIxxxx")
-AFFINITY_VALUE: Final = struct.Struct("=HxxxxxxQ")
+AFFINITY_VALUE: Final = struct.Struct("=16s2sxxxxxxQ")
 
 SVC4: Final = MapLayout("kpx_svc4", SVC4_KEY, SVC_VALUE, 65536)
 SVC6: Final = MapLayout("kpx_svc6", SVC6_KEY, SVC_VALUE, 65536)
 BACKENDS: Final = MapLayout("kpx_backends", BACKEND_KEY, BACKEND_VALUE, 262144)
+SLOTS: Final = MapLayout("kpx_slots", SLOT_KEY, SLOT_VALUE, 262144)
 REVNAT4: Final = MapLayout("kpx_revnat4", REVNAT4_KEY, REVNAT4_VALUE, 262144)
 REVNAT6: Final = MapLayout("kpx_revnat6", REVNAT6_KEY, REVNAT6_VALUE, 262144)
 AFFINITY: Final = MapLayout("kpx_affinity", AFFINITY_KEY, AFFINITY_VALUE, 65536)
 
-MAPS: Final = (SVC4, SVC6, BACKENDS, REVNAT4, REVNAT6, AFFINITY)
+MAPS: Final = (SVC4, SVC6, BACKENDS, SLOTS, REVNAT4, REVNAT6, AFFINITY)
 
 #: The programs (libbpf SEC names "cgroup/<name>"), one pinned link each.
 PROGRAMS: Final = (
@@ -101,3 +107,19 @@ def backend_key(svc_id: int, slot: int) -> bytes:
 def backend_value(addr: IPv4Address | IPv6Address, port: int) -> bytes:
     family = FAMILY_V4 if addr.version == 4 else FAMILY_V6
     return BACKEND_VALUE.pack(addr.packed.ljust(16, b"\0"), port.to_bytes(2, "big"), family)
+
+
+def slot_key(svc_id: int, backend: bytes) -> bytes:
+    """The kpx_slots key of an endpoint, from its kpx_backends value."""
+    addr, port, _family = BACKEND_VALUE.unpack(backend)
+    return SLOT_KEY.pack(svc_id, port, addr)
+
+
+def slot_value(slot: int) -> bytes:
+    return SLOT_VALUE.pack(slot)
+
+
+def affinity_value(backend: bytes, last_used_ns: int) -> bytes:
+    """An affinity entry naming the endpoint of a kpx_backends value."""
+    addr, port, _family = BACKEND_VALUE.unpack(backend)
+    return AFFINITY_VALUE.pack(addr, port, last_used_ns)

@@ -13,6 +13,7 @@ them, and deleted after the Service entries that stopped counting them::
 
 from __future__ import annotations
 
+import errno
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,11 @@ from kubeplex.core.dataplane.backend import Rendered
 
 #: The maps the render writes; the programs alone write the reverse NAT and affinity maps.
 SERVICE_MAPS = (layout.SVC4.name, layout.SVC6.name)
-RENDERED_MAPS = (*SERVICE_MAPS, layout.BACKENDS.name)
+#: The maps of endpoints: written before the Service entries that count them, deleted after.
+SLOT_MAPS = (layout.BACKENDS.name, layout.SLOTS.name)
+RENDERED_MAPS = (*SERVICE_MAPS, *SLOT_MAPS)
+#: What a full sync reads: the rendered maps, and the affinity entries whose Service is gone.
+OBSERVED_MAPS = (*RENDERED_MAPS, layout.AFFINITY.name)
 
 _PROTOCOLS = {layout.PROTO_TCP: "tcp", layout.PROTO_UDP: "udp"}
 
@@ -55,6 +60,11 @@ def _endpoint(addr: bytes, port: bytes) -> str:
     return f"[{inet_ntop(AF_INET6, addr)}]:{number}"
 
 
+def _shortest(addr: bytes) -> bytes:
+    """An address of 16 bytes whose last 12 are zero: an IPv4 one (kpx_slots' layout)."""
+    return addr[:4] if not any(addr[4:]) else addr
+
+
 def describe_key(name: str, key: bytes) -> str:
     """A key as the plan prints it (its raw bytes where they do not fit the map's layout)."""
     try:
@@ -65,6 +75,12 @@ def describe_key(name: str, key: bytes) -> str:
         if name == layout.BACKENDS.name:
             svc_id, slot = layout.BACKEND_KEY.unpack(key)
             return f"svc {svc_id:#010x} slot {slot}"
+        if name == layout.SLOTS.name:
+            svc_id, port, addr = layout.SLOT_KEY.unpack(key)
+            return f"svc {svc_id:#010x} endpoint {_endpoint(_shortest(addr), port)}"
+        if name == layout.AFFINITY.name:
+            netns, svc_id = layout.AFFINITY_KEY.unpack(key)
+            return f"svc {svc_id:#010x} netns {netns:#x}"
     except (struct.error, ValueError):  # (inet_ntop: an address of the wrong length)
         pass
     return "0x" + key.hex()
@@ -85,6 +101,9 @@ def describe_value(name: str, value: bytes) -> str:
                 return _endpoint(addr[:4], port)
             if family == layout.FAMILY_V6:
                 return _endpoint(addr, port)
+        if name == layout.SLOTS.name:
+            (slot,) = layout.SLOT_VALUE.unpack(value)
+            return f"slot {slot}"
     except (struct.error, ValueError):
         pass
     return "0x" + value.hex()
@@ -105,10 +124,16 @@ class MapOp:
         return f"update {self.map} {key} -> {describe_value(self.map, self.value)}"
 
     def send(self, seam: MapSeam) -> None:
-        if self.value is None:
-            seam.delete(self.map, self.key)
-        else:
+        if self.value is not None:
             seam.update(self.map, self.key, self.value)
+            return
+        try:
+            seam.delete(self.map, self.key)
+        except OSError as err:
+            # The affinity map is an LRU map the programs write: an entry dumped may since
+            # have been evicted. Gone is what the delete wanted.
+            if err.errno != errno.ENOENT or self.map != layout.AFFINITY.name:
+                raise
 
 
 def diff(desired: MapDump, held: MapDump, maps: Sequence[str] = RENDERED_MAPS) -> list[MapOp]:
@@ -120,12 +145,11 @@ def diff(desired: MapDump, held: MapDump, maps: Sequence[str] = RENDERED_MAPS) -
         want, have = desired.get(name, {}), held.get(name, {})
         updates[name] = [MapOp(name, k, v) for k, v in want.items() if have.get(k) != v]
         deletes[name] = [MapOp(name, k) for k in have if k not in want]
-    backends = layout.BACKENDS.name
     return [
-        *updates.get(backends, []),
-        *(op for name in maps if name != backends for op in updates[name]),
-        *(op for name in maps if name != backends for op in deletes[name]),
-        *deletes.get(backends, []),
+        *(op for name in maps if name in SLOT_MAPS for op in updates[name]),
+        *(op for name in maps if name not in SLOT_MAPS for op in updates[name]),
+        *(op for name in maps if name not in SLOT_MAPS for op in deletes[name]),
+        *(op for name in maps if name in SLOT_MAPS for op in deletes[name]),
     ]
 
 

@@ -7,7 +7,13 @@ What the maps hold, per Service port of each IP family:
   the node may use to reach it: its ClusterIP, its externalIPs and LoadBalancer ingress IPs,
   and its NodePort on each address NodePorts are served on (``RenderSettings``); TCP and UDP.
   SCTP is not supported: such a Service port is left out, and the plan says so;
-* its endpoints in ``kpx_backends``, slots 0 to count-1 of its svc_id.
+* its endpoints in ``kpx_backends``, slots 0 to count-1 of its svc_id, an endpoint keeping
+  its slot across syncs where it can (slots.py: removing one endpoint of 100 writes one slot,
+  not 99); with session affinity, each endpoint's slot in ``kpx_slots`` too, so that the
+  program's affinity entries, which name an endpoint, find it in whatever slot it moved to.
+
+Only the node's IP families (``RenderSettings.families``) are written: an IPv4-only node has
+no IPv6 entry, and a full sync deletes those of a family the node stopped running.
 
 Which endpoints: those the graph chooses (readiness, the terminating fallback, topology
 hints). A connection to the ClusterIP takes the internal traffic policy's (the local ones for
@@ -31,9 +37,16 @@ Two Service ports with the same entry point (an externalIP:port both list): the 
 name sorts first is written; the other is named in the plan's ``left_out`` for that address.
 
 A full render diffs the whole desired contents against the observed dump of the maps (stray
-entries are deleted); without a dump (render without root), against empty maps. A partial
-render recomputes only the changed Service ports' entries and diffs them against what the
-renderer wrote before.
+entries are deleted), keeping the endpoints in the slots the dump has them in; without a dump
+(render without root), against empty maps. A partial render recomputes only the changed
+Service ports' entries and diffs them against what the renderer wrote before.
+
+The affinity entries the programs write are keyed by svc_id: a full render deletes those of
+svc_ids that no longer have affinity (a Service deleted, or its affinity turned off), from the
+dump of ``kpx_affinity`` the full sync reads anyway. A partial render leaves them to the next
+full sync: the programs never read another svc_id's entries, an entry is only followed to an
+endpoint ``kpx_slots`` still lists and only within the timeout, and the LRU map evicts entries
+nobody touches first; so until then they take room, never a decision.
 """
 
 from __future__ import annotations
@@ -43,8 +56,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from socket import AF_INET, AF_INET6, inet_pton
 
-from kubeplex.backends.ebpf import layout
-from kubeplex.backends.ebpf.plan import RENDERED_MAPS, EbpfPlan, MapDump, describe_key, diff
+from kubeplex.backends.ebpf import layout, slots
+from kubeplex.backends.ebpf.plan import (
+    RENDERED_MAPS,
+    SERVICE_MAPS,
+    EbpfPlan,
+    MapDump,
+    MapOp,
+    describe_key,
+    diff,
+)
 from kubeplex.core.model.graph import ProxyState, ServiceGraph
 from kubeplex.core.model.types import (
     Endpoint,
@@ -73,6 +94,8 @@ class RenderSettings:
     #: The node's addresses NodePorts are served on, of both families (upstream's
     #: nodePortAddresses, resolved against the node's own addresses).
     nodeport_addresses: tuple[str, ...] = ()
+    #: The IP families the node runs: the others' Service ports are not written.
+    families: tuple[IPFamily, ...] = (IPFamily.IPv4, IPFamily.IPv6)
 
 
 def id_text(family: IPFamily, spn: ServicePortName, external: bool = False) -> str:
@@ -117,6 +140,8 @@ class Contribution:
     entries: dict[Place, bytes] = field(default_factory=dict)
     #: Its slots (kpx_backends).
     slots: dict[bytes, bytes] = field(default_factory=dict)
+    #: With affinity: each endpoint's slot (kpx_slots).
+    indexes: dict[bytes, bytes] = field(default_factory=dict)
     #: The texts of its svc_ids.
     ids: tuple[str, ...] = ()
     #: Why it is not programmed ("" if it is).
@@ -167,7 +192,11 @@ class EbpfRenderer:
 
     # --- one Service port ---------------------------------------------------------------
 
-    def _contribution(self, graph: ServiceGraph, svc: ServicePort) -> Contribution:
+    def _contribution(
+        self, graph: ServiceGraph, svc: ServicePort, held: Mapping[int, Mapping[int, bytes]]
+    ) -> Contribution:
+        """The Service port's entries; its endpoints keep the slots ``held`` (svc_id -> slot
+        -> kpx_backends value) has them in where they can."""
         family, spn = graph.family, svc.name
         proto = _PROTO_NUMBERS.get(svc.protocol)
         if proto is None:
@@ -201,9 +230,11 @@ class EbpfRenderer:
             value = layout.svc_value(svc_id, len(endpoints), flags, timeout)
             for ip, port in points:
                 part.entries[svc_map, _svc_key(family, ip, port, proto)] = value
-            for slot, ep in enumerate(endpoints):
-                key = layout.backend_key(svc_id, slot)
-                part.slots[key] = _backend_value(family, ep.ip, ep.port)
+            wanted = [_backend_value(family, ep.ip, ep.port) for ep in endpoints]
+            for slot, value in enumerate(slots.assign(held.get(svc_id, {}), wanted)):
+                part.slots[layout.backend_key(svc_id, slot)] = value
+                if flags:
+                    part.indexes[layout.slot_key(svc_id, value)] = layout.slot_value(slot)
         return part
 
     def _forget(self, owner: Owner) -> Contribution | None:
@@ -267,6 +298,7 @@ class EbpfRenderer:
         owners = [
             (family, svc)
             for family in sorted(state.graphs, key=_family_order)
+            if family in self.settings.families
             for svc in state.graphs[family]
         ]
         # Ids of Service ports that are gone are free before anyone takes a new one.
@@ -281,51 +313,78 @@ class EbpfRenderer:
         self._claims.clear()
         self._contested.clear()
         self._unsupported.clear()
+        held = slots.held_by_id(observed.get(layout.BACKENDS.name, {}))
         for family, svc in owners:
-            self._add((family, svc.name), self._contribution(state.graphs[family], svc))
+            self._add((family, svc.name), self._contribution(state.graphs[family], svc, held))
         used = {text for part in self._parts.values() for text in part.ids}
         for text in [t for t in self.svc_ids.ids if t not in used]:
             self.svc_ids.release(text)
         self.desired = {name: {} for name in RENDERED_MAPS}
         self._write_places(self._claims)
-        backends = self.desired[layout.BACKENDS.name]
+        backends, indexes = self.desired[layout.BACKENDS.name], self.desired[layout.SLOTS.name]
         for part in self._parts.values():
             backends.update(part.slots)
+            indexes.update(part.indexes)
         self.force_full = False
-        return EbpfPlan(tuple(diff(self.desired, observed)), left_out=self._left_out())
+        ops = [*diff(self.desired, observed), *self._stale_affinity(observed)]
+        return EbpfPlan(tuple(ops), left_out=self._left_out())
+
+    def _stale_affinity(self, observed: MapDump) -> list[MapOp]:
+        """Deletes of the observed affinity entries whose svc_id has no affinity now."""
+        sticky = {
+            svc_id
+            for name in SERVICE_MAPS
+            for svc_id, _count, flags, _timeout in map(
+                layout.SVC_VALUE.unpack, self.desired[name].values()
+            )
+            if flags & layout.FLAG_AFFINITY
+        }
+        name = layout.AFFINITY.name
+        return [
+            MapOp(name, key)
+            for key in observed.get(name, {})
+            if layout.AFFINITY_KEY.unpack(key)[1] not in sticky
+        ]
 
     def _render_partial(self, state: ProxyState) -> EbpfPlan:
         # Ordered: the new entries in render order, then those that went.
         places: dict[Place, None] = {}
-        old_slots: set[bytes] = set()
-        new_slots: dict[bytes, bytes] = {}
-        slots: dict[bytes, None] = {}
+        old_slots: dict[str, set[bytes]] = {layout.BACKENDS.name: set(), layout.SLOTS.name: set()}
+        new_slots: dict[str, dict[bytes, bytes]] = {name: {} for name in old_slots}
+        touched_slots: dict[str, dict[bytes, None]] = {name: {} for name in old_slots}
         old_ids: set[str] = set()
         new_ids: set[str] = set()
         for family in sorted(state.graphs, key=_family_order):
+            if family not in self.settings.families:
+                continue
             graph = state.graphs[family]
             for spn in sorted(state.changes[family].services):
                 old = self._forget((family, spn)) or Contribution()
                 svc = graph.services.get(spn)
-                new = self._contribution(graph, svc) if svc is not None else Contribution()
+                held = slots.held_by_id(old.slots)
+                new = Contribution() if svc is None else self._contribution(graph, svc, held)
                 if svc is not None:
                     self._add((family, spn), new)
                 places.update(dict.fromkeys([*new.entries, *old.entries]))
-                slots.update(dict.fromkeys([*new.slots, *old.slots]))
-                old_slots.update(old.slots)
-                new_slots.update(new.slots)
+                for name, was, now in (
+                    (layout.BACKENDS.name, old.slots, new.slots),
+                    (layout.SLOTS.name, old.indexes, new.indexes),
+                ):
+                    touched_slots[name].update(dict.fromkeys([*now, *was]))
+                    old_slots[name].update(was)
+                    new_slots[name].update(now)
                 old_ids.update(old.ids)
                 new_ids.update(new.ids)
         for text in old_ids - new_ids:
             self.svc_ids.release(text)
-        backends = layout.BACKENDS.name
-        touched = {name: [key for n, key in places if n == name] for name in RENDERED_MAPS}
-        touched[backends] = list(slots)
+        touched = {name: [key for n, key in places if n == name] for name in SERVICE_MAPS}
+        touched.update((name, list(keys)) for name, keys in touched_slots.items())
         before = self._held(touched)
         self._write_places(places)
-        for key in old_slots:
-            self.desired[backends].pop(key, None)
-        self.desired[backends].update(new_slots)
+        for name, keys in old_slots.items():
+            for key in keys:
+                self.desired[name].pop(key, None)
+            self.desired[name].update(new_slots[name])
         after = self._held(touched)
         return EbpfPlan(tuple(diff(after, before)), is_full=False, left_out=self._left_out())
 

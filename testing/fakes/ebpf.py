@@ -61,9 +61,10 @@ MAPS: Mapping[str, MapSpec] = {
     "kpx_svc4": MapSpec("hash", 8, 12, 65536),
     "kpx_svc6": MapSpec("hash", 20, 12, 65536),
     "kpx_backends": MapSpec("hash", 8, 20, 262144),
+    "kpx_slots": MapSpec("hash", 24, 4, 262144),
     "kpx_revnat4": MapSpec("lru_hash", 16, 8, 262144),
     "kpx_revnat6": MapSpec("lru_hash", 32, 20, 262144),
-    "kpx_affinity": MapSpec("lru_hash", 16, 16, 65536),
+    "kpx_affinity": MapSpec("lru_hash", 16, 32, 65536),
 }
 
 

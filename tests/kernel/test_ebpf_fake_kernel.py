@@ -72,7 +72,11 @@ STEPS: list[Step] = [
     lambda s: s.update("kpx_nope", SVC, BACKEND),
     lambda s: s.dump("kpx_nope"),
     lambda s: s.update("kpx_revnat4", REVNAT, layout.REVNAT4_VALUE.pack(bytes(4), b"\0\x50")),
-    lambda s: s.update("kpx_affinity", AFFINITY, layout.AFFINITY_VALUE.pack(1, 12345)),
+    lambda s: s.update("kpx_affinity", AFFINITY, layout.AFFINITY_VALUE.pack(bytes(16), b"\0P", 5)),
+    lambda s: s.update(
+        "kpx_slots", layout.SLOT_KEY.pack(9, b"\0P", bytes(16)), layout.slot_value(1)
+    ),
+    lambda s: s.update("kpx_slots", layout.SLOT_KEY.pack(9, b"\0P", bytes(16)), b"\0"),
     lambda s: s.lookup("kpx_affinity", AFFINITY),
     lambda s: s.delete("kpx_revnat4", REVNAT),
 ]
@@ -129,7 +133,7 @@ def test_a_full_lru_map_evicts_to_take_a_new_key(kernel: PinnedMaps) -> None:
     and how many is not something to compare; that the new key is taken and the map stays
     within its size is."""
     fake, name = FakeEbpfMaps(), layout.AFFINITY.name
-    value = layout.AFFINITY_VALUE.pack(0, 1)
+    value = layout.AFFINITY_VALUE.pack(bytes(16), b"\0\x50", 1)
     new = layout.AFFINITY_KEY.pack(1 << 40, 0)
     for seam in (kernel, fake):
         _fill(seam, name, layout.AFFINITY.max_entries, value)

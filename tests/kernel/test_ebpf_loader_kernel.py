@@ -77,6 +77,8 @@ def program_two_endpoints(dp: Dataplane, flags: int = 0, timeout: int = 0) -> No
     for slot, backend in enumerate((BACKEND, BACKEND_B)):
         value = layout.backend_value(ip_address(backend), 8080)
         dp.maps["kpx_backends"].update(layout.backend_key(svc_id, slot), value)
+        if flags & layout.FLAG_AFFINITY:
+            dp.maps["kpx_slots"].update(layout.slot_key(svc_id, value), layout.slot_value(slot))
 
 
 def attached(cgroup: Path) -> str:
@@ -203,23 +205,24 @@ def test_affinity_keeps_a_client_on_its_endpoint_until_the_timeout(
     affinity = dp.maps["kpx_affinity"]
     first = client(backend_ns, cgroup, SERVICE, 80, "tcp")["data"]
     ((key, value),) = affinity.items()
-    slot, _ = layout.AFFINITY_VALUE.unpack(value)
-    assert (BACKEND, BACKEND_B)[slot] == first
+    addr, port, _ = layout.AFFINITY_VALUE.unpack(value)
+    assert (str(ip_address(addr[:4])), int.from_bytes(port, "big")) == (first, 8080)
     assert {client(backend_ns, cgroup, SERVICE, 80, "tcp")["data"] for _ in range(6)} == {first}
 
     # A fresh entry decides; one older than the timeout does not (the program's clock is
     # CLOCK_MONOTONIC). Each expired try picks at random: 16 on the old endpoint is 1 in 65,536.
-    other = 1 - slot
-    affinity.update(key, layout.AFFINITY_VALUE.pack(other, time.monotonic_ns()))
-    assert client(backend_ns, cgroup, SERVICE, 80, "tcp")["data"] == (BACKEND, BACKEND_B)[other]
+    other = BACKEND_B if first == BACKEND else BACKEND
+    endpoint = layout.backend_value(ip_address(other), 8080)
+    affinity.update(key, layout.affinity_value(endpoint, time.monotonic_ns()))
+    assert client(backend_ns, cgroup, SERVICE, 80, "tcp")["data"] == other
     program_two_endpoints(dp, layout.FLAG_AFFINITY, 1)
     landed = set()
     for _ in range(16):
         stale = time.monotonic_ns() - 5_000_000_000
-        affinity.update(key, layout.AFFINITY_VALUE.pack(other, stale))
+        affinity.update(key, layout.affinity_value(endpoint, stale))
         landed.add(client(backend_ns, cgroup, SERVICE, 80, "tcp")["data"])
         refreshed = affinity.lookup(key)
-        assert refreshed is not None and layout.AFFINITY_VALUE.unpack(refreshed)[1] > stale
+        assert refreshed is not None and layout.AFFINITY_VALUE.unpack(refreshed)[2] > stale
     assert landed == {BACKEND, BACKEND_B}
 
 

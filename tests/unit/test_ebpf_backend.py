@@ -195,3 +195,34 @@ def test_inspect_reads_a_services_entries_endpoints_and_affinity_from_the_maps()
     (found,) = backend.inspect(web) or []
     assert [e.target for e in found.endpoints] == ["10.244.1.2:8080", "10.244.2.2:8080"]
     assert backend.inspect(ServicePortName("default", "nothing")) == []
+
+
+def test_a_node_running_one_family_writes_no_entry_of_the_other() -> None:
+    """A dual-stack Service: on an IPv4-only node none of its IPv6 entries or endpoints is
+    written, on an IPv6-only node none of its IPv4 ones; with both families, both are."""
+    for families in ((V4,), (V6,), (V4, V6)):
+        cluster = ClusterState(SEED_NODE, (V4, V6))
+        cluster.set_service(
+            service(
+                "ns1",
+                "svc1",
+                "172.30.0.41",
+                [port()],
+                clusterIPs=["172.30.0.41", "fd00:10:96::41"],
+                ipFamilies=["IPv4", "IPv6"],
+                ipFamilyPolicy="PreferDualStack",
+            )
+        )
+        cluster.set_endpoint_slice(endpoint_slice("ns1", "svc1", [ep("10.180.0.1")]))
+        v6 = endpoint_slice("ns1", "svc1", [ep("fd00:10:180::1")], family="IPv6", name="v6")
+        cluster.set_endpoint_slice(v6)
+        maps = FakeEbpfMaps()
+        ctx = BackendContext(
+            config({"mode": "nftables"}), SEED_NODE, families=families, kernel=maps
+        )
+        backend = EbpfBackend(ctx, options={})
+        assert backend.sync(cluster.checkout(full=True)).full
+        found = {layout.BACKEND_VALUE.unpack(v)[2] for v in maps.dump("kpx_backends").values()}
+        assert found == {layout.FAMILY_V4 if f is V4 else layout.FAMILY_V6 for f in families}
+        assert bool(maps.dump("kpx_svc4")) == (V4 in families)
+        assert bool(maps.dump("kpx_svc6")) == (V6 in families)

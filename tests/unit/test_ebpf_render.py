@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kits.render_kit import (
     LAB,
     NODE,
@@ -27,7 +28,13 @@ from kits.render_kit import (
 )
 
 from kubeplex.backends.ebpf import layout
-from kubeplex.backends.ebpf.plan import RENDERED_MAPS, EbpfPlan, MapOp, describe_value
+from kubeplex.backends.ebpf.plan import (
+    OBSERVED_MAPS,
+    RENDERED_MAPS,
+    EbpfPlan,
+    MapOp,
+    describe_value,
+)
 from kubeplex.backends.ebpf.render import EbpfRenderer, RenderSettings, SvcIds, hashed_id
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.types import IPFamily
@@ -63,7 +70,7 @@ class Lab:
 
     def render(self, full: bool = False) -> EbpfPlan:
         state = self.cluster.checkout(full=full)
-        dump = {name: self.maps.dump(name) for name in RENDERED_MAPS}
+        dump = {name: self.maps.dump(name) for name in OBSERVED_MAPS}
         return self.renderer.render(state, dump if full else None)
 
     def sync(self, full: bool = False) -> EbpfPlan:
@@ -332,11 +339,13 @@ def test_kernel_inputs_are_the_layout_packing() -> None:
     plan = lab.render(full=True)
     svc_id = hashed_id("ns1/svc1:p80/tcp/ipv4")
     slot = layout.backend_key(svc_id, 0).hex()
+    endpoint = f"{bytes([10, 180, 0, 1]).hex()}{'00' * 12}"
     assert plan.kernel_inputs() == [
-        f"update kpx_backends {slot} {bytes([10, 180, 0, 1]).hex()}{'00' * 12}00500400",
+        f"update kpx_backends {slot} {endpoint}00500400",
+        f"update kpx_slots {svc_id.to_bytes(4, 'little').hex()}00500000{endpoint} 00000000",
         "update kpx_svc4 ac1e00290050" + "0600 " + layout.svc_value(svc_id, 1, 1, 10800).hex(),
     ]
-    assert str(plan).splitlines()[1] == (
+    assert str(plan).splitlines()[2] == (
         f"update kpx_svc4 172.30.0.41:80/tcp -> svc {svc_id:#010x} count 1"
         " flags affinity timeout 10800"
     )
@@ -391,7 +400,8 @@ def test_partial_sync_touches_only_the_changed_service() -> None:
     lab = Lab(three_services())
     lab.sync(full=True)
     svc2 = hashed_id("ns1/svc2:p80/tcp/ipv4")
-    # svc2 loses an endpoint and gains another; svc1 and svc3 are not looked at.
+    # svc2 loses an endpoint and gains another, which takes its slot; svc1 and svc3 are not
+    # looked at.
     lab.feed(
         [endpoint_slice("ns1", "svc2", [ep("10.180.1.1"), ep("10.180.1.3"), ep("10.180.1.4")])]
     )
@@ -402,11 +412,6 @@ def test_partial_sync_touches_only_the_changed_service() -> None:
         MapOp(
             "kpx_backends",
             layout.backend_key(svc2, 1),
-            layout.backend_value(*_v4("10.180.1.3", 80)),
-        ),
-        MapOp(
-            "kpx_backends",
-            layout.backend_key(svc2, 2),
             layout.backend_value(*_v4("10.180.1.4", 80)),
         ),
     )
@@ -478,3 +483,177 @@ def test_what_does_not_fit_the_layout_prints_as_raw_bytes() -> None:
     assert describe_value("kpx_backends", value) == "0x" + value.hex()
     op = MapOp("kpx_svc4", b"\x01\x02")
     assert str(op) == "delete kpx_svc4 0x0102"
+
+
+# --- slots, affinity entries and families -------------------------------------------------------
+
+
+def many_endpoints(count: int, **spec: Any) -> list[dict[str, Any]]:
+    eps = [ep(f"10.180.{i // 250}.{i % 250 + 1}") for i in range(count)]
+    return [node_obj(), web(**spec), endpoint_slice("ns1", "svc1", eps)]
+
+
+def without(objects: list[dict[str, Any]], value: bytes) -> dict[str, Any]:
+    """svc1's slice without the endpoint of a kpx_backends value."""
+    ip = describe_value("kpx_backends", value).rsplit(":", 1)[0]
+    eps = [e for e in objects[2]["endpoints"] if e["addresses"] != [ip]]
+    return endpoint_slice("ns1", "svc1", eps)
+
+
+def test_removing_a_middle_endpoint_moves_the_last_into_its_slot() -> None:
+    """One endpoint of 10 (or of 100) goes: its slot takes the last endpoint, the count
+    shrinks, the last slot goes; no other slot is written."""
+    svc1 = hashed_id("ns1/svc1:p80/tcp/ipv4")
+    for count in (10, 100):
+        objects = many_endpoints(count)
+        lab = Lab(objects)
+        lab.sync(full=True)
+        slots = lab.maps.dump("kpx_backends")
+        middle = count // 2
+        last = slots[layout.backend_key(svc1, count - 1)]
+        lab.feed([without(objects, slots[layout.backend_key(svc1, middle)])])
+        plan = lab.sync()
+        assert [str(op) for op in plan.ops] == [
+            f"update kpx_backends svc {svc1:#010x} slot {middle} -> "
+            + describe_value("kpx_backends", last),
+            f"update kpx_svc4 172.30.0.41:80/tcp -> svc {svc1:#010x} count {count - 1}",
+            f"delete kpx_backends svc {svc1:#010x} slot {count - 1}",
+        ]
+        # Every other endpoint is where it was.
+        moved = (layout.backend_key(svc1, middle), layout.backend_key(svc1, count - 1))
+        after = lab.maps.dump("kpx_backends")
+        assert {k: v for k, v in after.items() if k not in moved} == {
+            k: v for k, v in slots.items() if k not in moved
+        }
+
+
+def test_with_affinity_a_moved_endpoint_is_found_in_its_new_slot() -> None:
+    svc1 = hashed_id("ns1/svc1:p80/tcp/ipv4")
+    objects = many_endpoints(10, sessionAffinity="ClientIP")
+    lab = Lab(objects)
+    lab.sync(full=True)
+    last = lab.maps.dump("kpx_backends")[layout.backend_key(svc1, 9)]
+    gone = lab.maps.dump("kpx_backends")[layout.backend_key(svc1, 4)]
+    lab.feed([without(objects, gone)])
+    plan = lab.sync()
+    moved, removed = layout.slot_key(svc1, last), layout.slot_key(svc1, gone)
+    assert plan.ops == (
+        MapOp("kpx_backends", layout.backend_key(svc1, 4), last),
+        MapOp("kpx_slots", moved, layout.slot_value(4)),
+        MapOp("kpx_svc4", *next(iter(lab.maps.dump("kpx_svc4").items()))),
+        MapOp("kpx_backends", layout.backend_key(svc1, 9)),
+        MapOp("kpx_slots", removed),
+    )
+    # Each endpoint's kpx_slots entry names the slot it is in.
+    index = lab.maps.dump("kpx_slots")
+    for key, value in lab.maps.dump("kpx_backends").items():
+        assert index[layout.slot_key(svc1, value)] == layout.slot_value(key[4])
+    assert len(index) == 9
+
+
+def test_a_full_sync_after_a_restart_keeps_the_endpoints_in_their_slots() -> None:
+    objects = many_endpoints(10, sessionAffinity="ClientIP")
+    lab = Lab(objects)
+    lab.sync(full=True)
+    changed = endpoint_slice("ns1", "svc1", [*objects[2]["endpoints"][1:], ep("10.180.9.9")])
+    lab.feed([changed])
+    # The new endpoint takes the slot of the one gone: its slot and the two kpx_slots entries.
+    assert [op.map for op in lab.sync().ops] == ["kpx_backends", "kpx_slots", "kpx_slots"]
+    # A new renderer (a restart) adopts the slots the maps hold: nothing to write.
+    again = Lab([*objects[:2], changed])
+    again.maps = lab.maps
+    assert again.render(full=True).ops == ()
+
+
+def _affinity_key(netns: int, svc_id: int) -> bytes:
+    return layout.AFFINITY_KEY.pack(netns, svc_id)
+
+
+def test_a_full_sync_deletes_the_affinity_entries_of_services_without_affinity() -> None:
+    lab = Lab(
+        [
+            node_obj(),
+            web(sessionAffinity="ClientIP"),
+            endpoint_slice("ns1", "svc1", [ep("10.180.0.1")]),
+            web(name="svc2", ip="172.30.0.42", sessionAffinity="ClientIP"),
+            endpoint_slice("ns1", "svc2", [ep("10.180.0.2")]),
+        ]
+    )
+    lab.sync(full=True)
+    svc1, svc2 = hashed_id("ns1/svc1:p80/tcp/ipv4"), hashed_id("ns1/svc2:p80/tcp/ipv4")
+    backend = layout.backend_value(*_v4("10.180.0.1", 80))
+    entries = [_affinity_key(n, s) for n in (1, 2) for s in (svc1, svc2, 0x0BADF00D)]
+    for key in entries:  # as the programs write them
+        lab.maps.update("kpx_affinity", key, layout.affinity_value(backend, 1))
+    # svc2 goes; a partial sync leaves its entries to the full sync.
+    lab.cluster.delete_service("ns1", "svc2")
+    assert not any(op.map == "kpx_affinity" for op in lab.sync().ops)
+    plan = lab.sync(full=True)
+    assert [str(op) for op in plan.ops if op.map == "kpx_affinity"] == [
+        f"delete kpx_affinity svc {s:#010x} netns {n:#x}"
+        for n in (1, 2)
+        for s in (svc2, 0x0BADF00D)
+    ]
+    assert list(lab.maps.dump("kpx_affinity")) == [_affinity_key(n, svc1) for n in (1, 2)]
+    # svc1's affinity is turned off: its entries go too.
+    lab.feed([web()])
+    lab.sync()
+    lab.sync(full=True)
+    assert lab.maps.dump("kpx_affinity") == {}
+
+
+def test_an_affinity_entry_evicted_before_its_delete_is_no_error() -> None:
+    lab = Lab([node_obj(), web(), endpoint_slice("ns1", "svc1", [ep("10.180.0.1")])])
+    key = _affinity_key(1, 0x0BADF00D)
+    lab.maps.update("kpx_affinity", key, layout.affinity_value(bytes(20), 1))
+    plan = lab.render(full=True)
+    assert MapOp("kpx_affinity", key) in plan.ops
+    lab.maps.delete("kpx_affinity", key)  # the LRU map evicted it meanwhile
+    plan.send(lab.maps)
+    assert lab.maps.dump("kpx_svc4")
+    with pytest.raises(OSError):  # elsewhere a delete of what is not there stays an error
+        MapOp("kpx_backends", layout.backend_key(1, 0)).send(lab.maps)
+
+
+def dual_stack_objects() -> list[dict[str, Any]]:
+    return [
+        node_obj(("192.168.0.2", "fd00::2")),
+        service(
+            "ns1",
+            "svc1",
+            "172.30.0.41",
+            [port()],
+            clusterIPs=["172.30.0.41", "fd00:10:96::41"],
+            ipFamilies=["IPv4", "IPv6"],
+            ipFamilyPolicy="PreferDualStack",
+        ),
+        endpoint_slice("ns1", "svc1", [ep("10.180.0.1")]),
+        endpoint_slice("ns1", "svc1", [ep("fd00:10:180::1")], family="IPv6", name="v6"),
+    ]
+
+
+@pytest.mark.parametrize("family", [V4, V6])
+def test_a_node_of_one_family_writes_no_entry_of_the_other(family: IPFamily) -> None:
+    lab = Lab(dual_stack_objects(), families=(V4, V6), nodeports=("192.168.0.2", "fd00::2"))
+    lab.renderer.settings = RenderSettings(lab.renderer.settings.nodeport_addresses, (family,))
+    plan = lab.sync(full=True)
+    shown = {"kpx_svc4" if family is V4 else "kpx_svc6"}
+    assert {op.map for op in plan.ops if op.map.startswith("kpx_svc")} == shown
+    other = "[fd00:10:180::1]:80" if family is V4 else "10.180.0.1:80"
+    assert other not in str(plan)
+    # A partial sync of the Service keeps to the node's family too.
+    lab.feed([endpoint_slice("ns1", "svc1", [ep("fd00:10:180::2")], family="IPv6", name="v6")])
+    lab.feed([endpoint_slice("ns1", "svc1", [ep("10.180.0.2")])])
+    assert {op.map for op in lab.sync().ops} - {"kpx_backends"} <= shown | {"kpx_slots"}
+    assert "fd00" not in str(lab.render()) or family is V6
+
+
+def test_a_full_sync_deletes_the_entries_of_a_family_the_node_no_longer_runs() -> None:
+    lab = Lab(dual_stack_objects(), families=(V4, V6))
+    lab.sync(full=True)
+    assert lab.maps.dump("kpx_svc6")
+    lab.renderer.settings = RenderSettings((), (V4,))
+    lab.renderer.invalidate()
+    plan = lab.sync(full=True)
+    assert {op.map for op in plan.ops if op.value is None} == {"kpx_svc6", "kpx_backends"}
+    assert lab.maps.dump("kpx_svc6") == {} and lab.maps.dump("kpx_svc4")
