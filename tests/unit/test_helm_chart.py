@@ -22,13 +22,17 @@ import yaml
 
 from kubeplex.core.cli import main as cli
 from kubeplex.core.cli import sysctls as sysctls_command
-from kubeplex.core.config.kubeproxy import DEFAULT_KNOWN_MODES, parse_config
+from kubeplex.core.config.kubeproxy import parse_config
 from kubeplex.core.daemon import sysctls
+from kubeplex.core.dataplane import plugins
+from kubeplex.core.dataplane.trust import parse_trust_list
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kubeplex"
-MODES = ("iptables", "nftables", "ipvs", "kernelspace")
-LINUX_MODES = ("iptables", "nftables", "ipvs")
+MODES = ("iptables", "nftables", "ipvs", "ebpf", "kernelspace")
+LINUX_MODES = ("iptables", "nftables", "ipvs", "ebpf")
+#: The modes the image's kubeplex knows: its backends' entry points.
+KNOWN_MODES = plugins.known_modes()
 RELEASE = "kp"
 NAMESPACE = "kube-system"
 FULLNAME = "kp-kubeplex"
@@ -200,7 +204,7 @@ def test_validation_catches_a_broken_manifest(chart: helm.Chart) -> None:
 def test_configmap_loads_with_kubeplex_config_loader(chart: helm.Chart, mode: str) -> None:
     objects = render(chart, {"mode": mode})
     text = config_text(objects)
-    cfg = parse_config(text, "configmap", known_modes=DEFAULT_KNOWN_MODES)
+    cfg = parse_config(text, "configmap", known_modes=KNOWN_MODES)
     assert cfg.mode == mode
     assert cfg.healthz_bind_address == "0.0.0.0:10256"
     assert cfg.metrics_bind_address == "127.0.0.1:10249"  # upstream's default, kept
@@ -249,7 +253,7 @@ def test_configmap_carries_the_values(chart: helm.Chart) -> None:
         "metrics": {"bindAddress": "::1", "port": 10259},
     }
     objects = render(chart, values)
-    cfg = parse_config(config_text(objects), "configmap", known_modes=DEFAULT_KNOWN_MODES)
+    cfg = parse_config(config_text(objects), "configmap", known_modes=KNOWN_MODES)
     assert cfg.mode == "ipvs"
     assert [str(n) for n in cfg.cluster_cidrs] == ["10.244.0.0/16", "fd00:10:244::/56"]
     assert cfg.bind_address == "::"
@@ -278,7 +282,7 @@ def test_configmap_carries_the_values(chart: helm.Chart) -> None:
 
 def test_nftables_gets_upstream_nodeport_default(chart: helm.Chart) -> None:
     objects = render(chart, {"mode": "nftables"})
-    cfg = parse_config(config_text(objects), "configmap", known_modes=DEFAULT_KNOWN_MODES)
+    cfg = parse_config(config_text(objects), "configmap", known_modes=KNOWN_MODES)
     assert cfg.node_port_addresses == ("primary",)
 
 
@@ -497,6 +501,54 @@ def test_linux_mounts(chart: helm.Chart, mode: str) -> None:
     }
 
 
+def test_ebpf_mounts_the_nodes_cgroup2_and_bpffs_and_names_them_in_the_trust_list(
+    chart: helm.Chart,
+) -> None:
+    values = {"mode": "ebpf", "ebpf": {"cgroupRoot": "/sys/fs/cgroup/unified"}}
+    objects = render(chart, values)
+    volumes = {v["name"]: v for v in pod_spec(objects)["volumes"]}
+    mounts = {m["name"]: m for m in container(objects)["volumeMounts"]}
+    assert volumes["cgroup2"]["hostPath"] == {"path": "/sys/fs/cgroup/unified", "type": "Directory"}
+    assert volumes["bpffs"]["hostPath"] == {"path": "/sys/fs/bpf", "type": "Directory"}
+    # A bpffs the node mounts after the pod started still reaches it: pins land on the node.
+    assert {m["mountPropagation"] for m in (mounts["cgroup2"], mounts["bpffs"])} == {
+        "HostToContainer"
+    }
+    assert mounts["cgroup2"]["readOnly"] is True  # attaching writes nothing there
+    assert not mounts["bpffs"].get("readOnly", False)  # the pins are written there
+
+    # The trust list kubeplex reads there (every command: the environment names it) is the
+    # packaged one, with the mode's options naming the container's mounts.
+    env = {e["name"]: e.get("value") for e in container(objects)["env"]}
+    trust_path = Path(env["KUBEPLEX_PLUGINS"])
+    assert trust_path.parent == Path(mounts["config"]["mountPath"])
+    text = only(objects, "ConfigMap")["data"][trust_path.name]
+    written = parse_trust_list(text, "configmap")
+    packaged = plugins.load_trust_list()
+    assert written.backends.keys() == packaged.backends.keys()
+    for mode, entry in packaged.backends.items():
+        if mode != "ebpf":
+            assert written.backends[mode] == entry, mode
+    options = written.backends["ebpf"].options
+    assert options == {
+        "cgroup": mounts["cgroup2"]["mountPath"],
+        "bpffs": mounts["bpffs"]["mountPath"],
+    }
+    ebpf = written.backends["ebpf"]
+    assert (ebpf.entry_point, ebpf.capabilities) == (
+        packaged.backends["ebpf"].entry_point,
+        packaged.backends["ebpf"].capabilities,
+    )
+
+
+@pytest.mark.parametrize("mode", ["iptables", "nftables", "ipvs", "kernelspace"])
+def test_other_modes_keep_the_packaged_trust_list(chart: helm.Chart, mode: str) -> None:
+    objects = render(chart, {"mode": mode})
+    assert set(only(objects, "ConfigMap")["data"]) == {"config.conf"}
+    assert "KUBEPLEX_PLUGINS" not in {e["name"] for e in container(objects)["env"]}
+    assert not {"cgroup2", "bpffs"} & {v["name"] for v in pod_spec(objects)["volumes"]}
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_extra_volumes_reach_the_pod(chart: helm.Chart, mode: str) -> None:
     objects = render(chart, {**EVERYTHING, "mode": mode})
@@ -556,6 +608,8 @@ def test_api_server_host_becomes_master(
     [
         ("iptables", {}, ["NET_ADMIN", "NET_RAW"]),
         ("nftables", {}, ["NET_ADMIN"]),
+        ("ebpf", {}, ["NET_ADMIN", "BPF"]),
+        ("ebpf", {"loadKernelModules": True}, ["NET_ADMIN", "BPF"]),
         ("ipvs", {}, ["NET_ADMIN", "NET_RAW"]),
         ("ipvs", {"loadKernelModules": True}, ["NET_ADMIN", "NET_RAW", "SYS_MODULE"]),
         ("iptables", {"loadKernelModules": True}, ["NET_ADMIN", "NET_RAW"]),
@@ -620,7 +674,7 @@ def run_init_container(
     settings = set_arguments(init)
     config_file = tmp_path / "config.conf"
     config_file.write_text(config_text(render(chart, values)))
-    cfg = parse_config(config_file.read_text(), "configmap", known_modes=DEFAULT_KNOWN_MODES)
+    cfg = parse_config(config_file.read_text(), "configmap", known_modes=KNOWN_MODES)
     proc_sys = tmp_path / "proc-sys"
     keys = [s.key for s in sysctls.conntrack_settings(cfg.conntrack)]
     keys += [arg.partition("=")[0].replace(".", "/") for arg in settings]
@@ -821,7 +875,7 @@ def test_metrics_service_and_service_monitor(chart: helm.Chart) -> None:
         "/metrics",
         "30s",
     )
-    cfg = parse_config(config_text(objects), "configmap", known_modes=DEFAULT_KNOWN_MODES)
+    cfg = parse_config(config_text(objects), "configmap", known_modes=KNOWN_MODES)
     assert cfg.metrics_bind_address == "0.0.0.0:10249"
 
 
@@ -860,5 +914,5 @@ def test_readme_install_commands_render(chart: helm.Chart) -> None:
             values.update(helm.parse_set_string(expression))
         mode = values["mode"]
         objects = render(chart, values)
-        cfg = parse_config(config_text(objects), "configmap", known_modes=DEFAULT_KNOWN_MODES)
+        cfg = parse_config(config_text(objects), "configmap", known_modes=KNOWN_MODES)
         assert cfg.mode == mode

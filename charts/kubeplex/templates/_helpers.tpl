@@ -103,6 +103,12 @@ rest; the bind addresses are always written, since the DaemonSet's ports and pro
 {{- if and (eq .Values.mode "ipvs") .Values.securityContext.loadKernelModules }}
 {{- $caps = append $caps "SYS_MODULE" }}
 {{- end }}
+{{- if eq .Values.mode "ebpf" }}
+{{- /* Creating the maps and loading the programs take CAP_BPF, and cgroup sock_addr
+programs, a networking type, CAP_NET_ADMIN too (kernel 5.8+); attaching and pinning take
+nothing more. */}}
+{{- $caps = append $caps "BPF" }}
+{{- end }}
 {{- range .Values.securityContext.extraCapabilities }}
 {{- $caps = append $caps . }}
 {{- end }}
@@ -143,4 +149,23 @@ passed to `kubeplex sysctls` as a --set argument.
 {{- $out = append $out (printf "%s=%s" $key (get $sysctls $key)) }}
 {{- end }}
 {{- toJson $out }}
+{{- end }}
+
+{{/*
+The ebpf mode's folders in the container: the node's cgroup2 and bpffs mounts (hostPath) and
+what the trust list's [backends.ebpf.options] names them.
+*/}}
+{{- define "kubeplex.ebpfCgroup" -}}/run/kubeplex/cgroup2{{- end }}
+{{- define "kubeplex.ebpfBpffs" -}}/sys/fs/bpf{{- end }}
+
+{{/*
+The trust list of the ebpf mode: the packaged default (files/plugins.toml links to it), its
+[backends.ebpf.options] pointing at the container's mounts.
+*/}}
+{{- define "kubeplex.plugins" -}}
+{{ .Files.Get "files/plugins.toml" }}
+# Written by the chart: the node's folders, as the container mounts them.
+[backends.ebpf.options]
+cgroup = {{ include "kubeplex.ebpfCgroup" . | quote }}
+bpffs = {{ include "kubeplex.ebpfBpffs" . | quote }}
 {{- end }}
