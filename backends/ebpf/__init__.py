@@ -16,7 +16,6 @@ rejecting unused ClusterIP ports (``describe`` lists them for ``kubeplex backend
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, cast
@@ -119,11 +118,13 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
 
     def _open_pinned(self) -> None:
         """The pinned maps, opened read-write without attaching (an observe before prepare:
-        `kubeplex render` as root). Nothing pinned: nothing opened."""
-        if isinstance(self.kernel, PinnedMaps) and not self.kernel.maps:
-            # Not pinned, not root, no libbpf: the render is against empty maps.
-            with contextlib.suppress(LoaderError, OSError, LibbpfMissing):
-                self.kernel.maps = self.loader.open_maps()
+        `kubeplex render` as root). Nothing pinned: nothing opened. Pinned but not readable
+        (not root, no libbpf, another version's maps): the error, so that `kubeplex render`
+        says it prints the plan without what the node holds."""
+        # (Path.exists raises PermissionError where the bpffs folder is closed to the user.)
+        kernel = self.kernel
+        if isinstance(kernel, PinnedMaps) and not kernel.maps and self.loader.folder.exists():
+            kernel.maps = self.loader.open_maps()
 
     def observe(self, state: ProxyState) -> MapDump | None:
         """A full sync's dump of the maps the render writes, and of the affinity entries (it

@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 
 from kubeplex.backends.ebpf import layout
-from kubeplex.backends.ebpf.plan import MapSeam, describe_key, describe_value
+from kubeplex.backends.ebpf.plan import RENDERED_MAPS, MapSeam, describe_key, describe_value
 from kubeplex.backends.ebpf.render import Contribution
 from kubeplex.core.dataplane.backend import EndpointView, ProgrammedService
 from kubeplex.core.model.types import IPFamily, ServicePortName
@@ -60,3 +60,33 @@ def programmed(
         affinity_seconds=affinity,
         objects=tuple(f"svc {svc_id:#010x}" for svc_id in counts),
     )
+
+
+def held_entries(seam: MapSeam) -> list[str]:
+    """Every entry of the maps the render writes, as the plan prints it: Services by the
+    ``svc 0x...`` that ``programmed`` names them by (a map not pinned holds nothing)."""
+    lines: list[str] = []
+    for name in RENDERED_MAPS:
+        try:
+            entries = seam.dump(name)
+        except OSError:
+            continue
+        lines += [
+            f"{name} {describe_key(name, k)} -> {describe_value(name, v)}"
+            for k, v in entries.items()
+        ]
+    return lines
+
+
+def delete_held(seam: MapSeam) -> list[str]:
+    """Deletes every entry of the rendered maps through a seam that has no pins to remove
+    (the fake's); returns what they held, as ``held_entries`` says."""
+    lines = held_entries(seam)
+    for name in RENDERED_MAPS:
+        try:
+            keys = list(seam.dump(name))
+        except OSError:
+            continue
+        for key in keys:
+            seam.delete(name, key)
+    return lines

@@ -48,7 +48,14 @@ _SIGNATURES: Final[dict[str, tuple[type | None, list[type]]]] = {
     "bpf_map_lookup_elem": (_I, [_I, _P, _P]),
     "bpf_map_delete_elem": (_I, [_I, _P]),
     "bpf_map_get_next_key": (_I, [_I, _P, _P]),
+    "bpf_map_lookup_batch": (_I, [_I, _P, _P, _P, _P, ctypes.POINTER(ctypes.c_uint32), _P]),
 }
+
+#: The errors of a batch lookup the map type or the kernel does not have (before 5.6 the
+#: command is unknown: EINVAL; a map type without it: the kernel's ENOTSUPP, 524).
+BATCH_REFUSED: Final = frozenset({errno.EINVAL, errno.EOPNOTSUPP, 524})
+#: Entries asked for per batch call.
+BATCH_ENTRIES: Final = 4096
 
 # Map update flags (linux/bpf.h).
 BPF_ANY: Final = 0
@@ -228,3 +235,41 @@ def map_next_key(fd: int, key: bytes | None, key_size: int) -> bytes | None:
         return None
     _check(rc, "map next key")
     return buf.raw
+
+
+def map_lookup_batch(
+    fd: int, key_size: int, value_size: int, chunk: int = BATCH_ENTRIES
+) -> list[tuple[bytes, bytes]]:
+    """Every entry, ``chunk`` at a time (BPF_MAP_LOOKUP_BATCH, kernel 5.6+): a LibbpfError
+    with an errno of BATCH_REFUSED where the map or the kernel has no batch lookup. A hash
+    map hands out whole buckets: one larger than ``chunk`` (ENOSPC) is asked for again with
+    room for it."""
+    lib = library()
+    # The position between calls: a bucket number for hash maps, a key for the others.
+    position = [ctypes.create_string_buffer(max(key_size, 8)) for _ in range(2)]
+    after: ctypes.Array[ctypes.c_char] | None = None
+    out: list[tuple[bytes, bytes]] = []
+    while True:
+        keys = ctypes.create_string_buffer(key_size * chunk)
+        values = ctypes.create_string_buffer(value_size * chunk)
+        count = ctypes.c_uint32(chunk)
+        next_position = position[1] if after is position[0] else position[0]
+        rc = lib.bpf_map_lookup_batch(
+            fd, after, next_position, keys, values, ctypes.byref(count), None
+        )
+        if rc == -errno.ENOSPC and count.value == 0:
+            chunk *= 2
+            continue
+        if rc < 0 and rc != -errno.ENOENT:
+            raise LibbpfError(-rc, "map lookup batch")
+        raw_keys, raw_values = keys.raw, values.raw
+        out += [
+            (
+                raw_keys[i * key_size : (i + 1) * key_size],
+                raw_values[i * value_size : (i + 1) * value_size],
+            )
+            for i in range(count.value)
+        ]
+        if rc == -errno.ENOENT:  # past the last entry
+            return out
+        after = next_position

@@ -32,6 +32,10 @@ from kubeplex.backends.ebpf.layout import (
 #: Where scripts/build-bpf.sh puts the compiled programs, inside the package.
 OBJECT_PATH = Path(__file__).parent / "objects" / "kubeplex_lb.bpf.o"
 
+#: A folder in the pin folder while ``cleanup(drain=True)`` keeps the reverse path (drain.py):
+#: its time is when the drain began. A start (the mode back again) removes it.
+DRAINING = "draining"
+
 # statfs(2) f_type of the two file systems the mode needs (linux/magic.h).
 BPF_FS_MAGIC = 0xCAFE4A11
 CGROUP2_SUPER_MAGIC = 0x63677270
@@ -108,6 +112,16 @@ class Dataplane:
             m.close()
 
 
+def detach(pin: Path) -> None:
+    """Detaches the link pinned at ``pin`` from its cgroup (already detached: nothing)."""
+    with contextlib.suppress(libbpf.LibbpfError):
+        fd = libbpf.obj_get(str(pin))
+        try:
+            libbpf.link_detach(fd, str(pin))
+        finally:
+            os.close(fd)
+
+
 class Loader:
     """The mode's pinned state under one bpffs folder."""
 
@@ -130,6 +144,8 @@ class Loader:
             raise LoaderError(f"bpffs folder {self.bpffs} is not a bpf file system mount")
         if filesystem_magic(Path(cgroup)) != CGROUP2_SUPER_MAGIC:
             raise LoaderError(f"cgroup {cgroup} is not a cgroup2 folder")
+        with contextlib.suppress(FileNotFoundError):
+            (self.folder / DRAINING).rmdir()
         cgroup_fd = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
         try:
             cgroup_id = os.fstat(cgroup_fd).st_ino
@@ -241,12 +257,7 @@ class Loader:
         removed = self.leftovers()
         if self.links.exists():
             for pin in sorted(self.links.iterdir()):
-                with contextlib.suppress(libbpf.LibbpfError):
-                    fd = libbpf.obj_get(str(pin))
-                    try:
-                        libbpf.link_detach(fd, str(pin))
-                    finally:
-                        os.close(fd)
+                detach(pin)
         for path in sorted(self.folder.rglob("*"), reverse=True) if self.folder.exists() else []:
             if path.is_dir():
                 path.rmdir()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Mapping
+from typing import ClassVar
 
 from kubeplex.backends.ebpf import libbpf
 from kubeplex.backends.ebpf.loader import BpfMap
@@ -24,6 +25,9 @@ def _refuse(code: int, what: str) -> OSError:
 
 class PinnedMaps:
     """The ``MapSeam`` (update, delete, dump) and lookup over the maps a loader opened."""
+
+    #: The methods apply writes through (the contract's ``writes``).
+    writes: ClassVar[tuple[str, ...]] = ("update", "delete")
 
     def __init__(self, maps: Mapping[str, BpfMap]) -> None:
         self.maps = dict(maps)
