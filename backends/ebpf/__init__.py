@@ -21,7 +21,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, cast
 
 from kubeplex.backends.ebpf import entry_nat, metrics, requirements
-from kubeplex.backends.ebpf.inspection import programmed
+from kubeplex.backends.ebpf.inspection import delete_held, held_entries, programmed
 from kubeplex.backends.ebpf.layout import PROGRAMS
 from kubeplex.backends.ebpf.libbpf import LibbpfMissing
 from kubeplex.backends.ebpf.loader import Loader, LoaderError
@@ -199,20 +199,30 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
         return out
 
     def leftovers(self) -> list[str]:
-        return self.loader.leftovers() + entry_nat.leftovers(self.entry_tables)
+        """What is pinned, every entry of the rendered maps (so a Service left behind shows),
+        and the entry-point tables."""
+        try:
+            self._open_pinned()
+            held = held_entries(self.kernel)
+        except (LoaderError, OSError, LibbpfMissing):
+            held = []  # (the pins above still show)
+        return self.loader.leftovers() + held + entry_nat.leftovers(self.entry_tables)
 
     def cleanup(self, keep: Collection[str] = (), drain: bool = False) -> CleanupReport:
         """Detaches and unpins everything of the mode (the maps go with their last pin).
         ``drain`` is not honoured yet: a connected socket keeps its translated address, but
         the replies of unconnected UDP and getpeername read the reverse NAT map, which goes."""
+        held: list[str] = []
         if isinstance(self.kernel, PinnedMaps):
             self.kernel.close()
             self.kernel.maps = {}
+        else:  # a seam without pins (the fake): its entries go one by one
+            held = delete_held(self.kernel)
         try:
             removed = self.loader.cleanup()
         except OSError as err:
             raise BackendError(f"ebpf: cleanup of {self.loader.folder}: {err}") from err
-        removed += entry_nat.remove(self.entry_tables)
+        removed += held + entry_nat.remove(self.entry_tables)
         self.renderer = EbpfRenderer(self.renderer.settings)
         self.entries = entry_nat.EntryNatRenderer()
         return CleanupReport(MODE, removed=tuple(removed))
