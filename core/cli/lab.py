@@ -27,6 +27,8 @@ from kubeplex.core.model.types import ServicePortName
 from kubeplex.core.sources.manifests import ManifestSource
 
 CLUSTER_IP = "10.96.88.59"
+#: The NodePort Service's ClusterIP (web-nodeport: the same three pods).
+NODEPORT_CLUSTER_IP = "10.96.223.155"
 NODEPORT = 30080
 #: The Service behind CLUSTER_IP (one unnamed port).
 WEB = ServicePortName("default", "web")
@@ -43,13 +45,24 @@ def add_parser(sub: Subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--mode", help="dataplane to program (default: the lab configuration's)")
     p.add_argument("--requests", type=int, default=300, help="requests to send to the ClusterIP")
     p.add_argument("--down", action="store_true", help="remove everything the lab made")
+    p.add_argument("--prefix", help=argparse.SUPPRESS)  # a lab of its own (tests)
     return p
 
 
-def program_node(cfg: KubeProxyConfiguration, node: str, netns: str, manifests: Path) -> Proxier:
-    """Run one full sync of ``node`` inside ``netns``, as ``kubeplex run --once`` would."""
+def program_node(
+    cfg: KubeProxyConfiguration,
+    node: str,
+    netns: str,
+    manifests: Path,
+    *,
+    cgroup: Path | None = None,
+    bpffs: Path | None = None,
+) -> Proxier:
+    """Run one full sync of ``node`` inside ``netns`` (with the node's own cgroup and bpffs
+    folders where it has them), as ``kubeplex run --once`` would."""
     cfg = replace(cfg, hostname_override=node)
-    backend = plugins.load_backend(cfg.mode, BackendContext(cfg, node, netns=netns))
+    ctx = BackendContext(cfg, node, netns=netns, cgroup=cgroup, bpffs=bpffs)
+    backend = plugins.load_backend(cfg.mode, ctx)
     cluster = ClusterState(node)
     ManifestSource(manifests, cluster).load()
     backend.prepare()
@@ -111,18 +124,29 @@ def _counted(before: dict[str, int], after: dict[str, int]) -> str:
 def run(args: argparse.Namespace) -> int:
     from kubeplex.testing import netlab  # only the lab needs the namespace helpers
 
+    prefix = args.prefix or netlab.LAB_PREFIX
     if args.down:
-        removed = netlab.down_all(netlab.LAB_PREFIX)
-        print(f"removed {len(removed)} namespaces")
+        removed = netlab.down_all(prefix)
+        print(f"removed {len(removed)} namespaces, the node cgroups and the lab's bpffs")
         return EXIT_OK
     base = load_config(lab_dir() / "config.yaml", known_modes=plugins.known_modes())
     cfg = with_overrides(base, mode=args.mode, known_modes=plugins.known_modes())
-    lab = netlab.Lab(prefix=netlab.LAB_PREFIX).up(replace=True)
+    lab = netlab.Lab(prefix=prefix).up(replace=True)
     took = lab.timings.get("up", 0.0) * 1000
     print(f"lab up in {took:.0f} ms: namespaces {', '.join(lab.namespaces)}")
+    for why in (lab.no_cgroups, lab.no_bpffs):
+        if why:
+            print(f"the lab runs without them: {why}")
     node_ns = lab.namespace_of(netlab.NODE1)
     proxiers = {
-        node: program_node(cfg, node, lab.namespace_of(node), lab_dir() / "manifests")
+        node: program_node(
+            cfg,
+            node,
+            lab.namespace_of(node),
+            lab_dir() / "manifests",
+            cgroup=lab.cgroup_of(node),
+            bpffs=lab.bpffs_of(node),
+        )
         for node in (netlab.NODE1, netlab.NODE2)
     }
     print(f"programmed {netlab.NODE1} and {netlab.NODE2} in mode {cfg.mode}")
@@ -142,6 +166,11 @@ def run(args: argparse.Namespace) -> int:
         f"what {netlab.NODE1} counted per endpoint of {WEB} for them",
         _counted(_packets(found), _packets(backend.inspect(WEB))),
     )
+    results = lab.http(client, NODEPORT_CLUSTER_IP, 80, "/hostname", count=30, timeout=2.0)
+    _show(
+        f"30 requests from the client pod to http://{NODEPORT_CLUSTER_IP}/hostname (web-nodeport)",
+        "\n".join(f"{n:7d} {body}" for body, n in sorted(netlab.tally(results).items())),
+    )
     _show(
         f"conntrack -L -d {CLUSTER_IP}",
         "\n".join(
@@ -153,16 +182,18 @@ def run(args: argparse.Namespace) -> int:
     external = lab.namespace_of(netlab.EXTERNAL)
     node_ip = lab.spec.node(netlab.NODE1).host_ip
     seen = lab.http(external, node_ip, NODEPORT, "/clientip", count=1)
+    external_ip = lab.spec.host(netlab.EXTERNAL).ip
+    masqueraded = bool(seen[0].body) and not str(seen[0].body).startswith(f"{external_ip}:")
     _show(
         f"curl http://{node_ip}:{NODEPORT}/clientip from the external host"
         " (externalTrafficPolicy: Cluster)",
         (seen[0].body or seen[0].outcome)
-        + "   <- the node's address: the client IP was masqueraded",
+        + ("   <- the node's address: the client IP was masqueraded" if masqueraded else ""),
     )
     print(f"\nThe lab stays up; look around with e.g.\n  ip netns exec {node_ns} bash")
     about = list(backend.describe())
     if about:
         print(f"where mode {cfg.mode}:")
         print("\n".join(f"  {line}" for line in about))
-    print("and remove it with: kubeplex lab --down")
+    print(f"and remove it with: kubeplex lab --down{f' --prefix {prefix}' if args.prefix else ''}")
     return EXIT_OK
