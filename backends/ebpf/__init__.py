@@ -21,6 +21,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, cast
 
 from kubeplex.backends.ebpf import entry_nat, metrics, requirements
+from kubeplex.backends.ebpf.drain import keep_reverse_path
 from kubeplex.backends.ebpf.inspection import delete_held, held_entries, programmed
 from kubeplex.backends.ebpf.layout import PROGRAMS
 from kubeplex.backends.ebpf.libbpf import LibbpfMissing
@@ -210,8 +211,9 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
 
     def cleanup(self, keep: Collection[str] = (), drain: bool = False) -> CleanupReport:
         """Detaches and unpins everything of the mode (the maps go with their last pin).
-        ``drain`` is not honoured yet: a connected socket keeps its translated address, but
-        the replies of unconnected UDP and getpeername read the reverse NAT map, which goes."""
+        With ``drain``, the reverse path (the recvmsg and getpeername programs and the reverse
+        NAT maps) stays, for a while, for replies and getpeername of connections made before
+        (drain.py); ``draining`` lists it."""
         held: list[str] = []
         if isinstance(self.kernel, PinnedMaps):
             self.kernel.close()
@@ -219,10 +221,13 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
         else:  # a seam without pins (the fake): its entries go one by one
             held = delete_held(self.kernel)
         try:
-            removed = self.loader.cleanup()
+            if drain:
+                removed, draining = keep_reverse_path(self.loader)
+            else:
+                removed, draining = self.loader.cleanup(), []
         except OSError as err:
             raise BackendError(f"ebpf: cleanup of {self.loader.folder}: {err}") from err
         removed += held + entry_nat.remove(self.entry_tables)
         self.renderer = EbpfRenderer(self.renderer.settings)
         self.entries = entry_nat.EntryNatRenderer()
-        return CleanupReport(MODE, removed=tuple(removed))
+        return CleanupReport(MODE, removed=tuple(removed), draining=tuple(draining))

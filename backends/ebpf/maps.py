@@ -31,6 +31,8 @@ class PinnedMaps:
 
     def __init__(self, maps: Mapping[str, BpfMap]) -> None:
         self.maps = dict(maps)
+        #: The maps whose batch lookup was refused: dumped key by key.
+        self.no_batch: set[str] = set()
 
     def _map(self, name: str) -> BpfMap:
         found = self.maps.get(name)
@@ -68,8 +70,19 @@ class PinnedMaps:
         return value
 
     def dump(self, name: str) -> dict[bytes, bytes]:
-        """Every entry of the map, as a new dictionary."""
-        return dict(self._map(name).items())
+        """Every entry of the map, as a new dictionary: in batches of entries, one bpf(2)
+        call each, or key by key (two calls an entry) where the kernel or the map type has
+        no batch lookup."""
+        found = self._map(name)
+        if name not in self.no_batch:
+            layout = found.layout
+            try:
+                return dict(libbpf.map_lookup_batch(found.fd, layout.key.size, layout.value.size))
+            except libbpf.LibbpfError as err:
+                if err.errno not in libbpf.BATCH_REFUSED:
+                    raise
+                self.no_batch.add(name)
+        return dict(found.items())
 
     def close(self) -> None:
         for opened in self.maps.values():
