@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kubeplex.backends.ebpf.plan import RENDERED_MAPS, MapOp
+from kubeplex.backends.ebpf.plan import OBSERVED_MAPS, RENDERED_MAPS, MapOp
 from kubeplex.core.dataplane.backend import MetricEvent, MetricFamily, Sample
 
 MAP_ENTRIES = "kubeproxy_sync_proxy_rules_ebpf_map_entries"
@@ -46,9 +46,10 @@ FAMILIES = (
 
 
 def sync_samples(held: Mapping[str, Mapping[bytes, bytes]], ops: Sequence[MapOp]) -> list[Sample]:
-    """The entries of every rendered map after a sync (``held``) and the operations it sent,
-    every map and operation named, so that a gauge of an earlier sync never lingers."""
-    sent = {(name, op): 0 for name in RENDERED_MAPS for op in OPERATIONS}
+    """The entries of every rendered map after a sync (``held``) and the operations it sent
+    (to those and, in a full sync, to the affinity map), every map and operation named, so
+    that a gauge of an earlier sync never lingers."""
+    sent = {(name, op): 0 for name in OBSERVED_MAPS for op in OPERATIONS}
     for op in ops:
         sent[op.map, "update" if op.value is not None else "delete"] += 1
     out = [Sample(MAP_ENTRIES, (name,), len(held.get(name, {}))) for name in RENDERED_MAPS]

@@ -226,3 +226,15 @@ def test_a_node_running_one_family_writes_no_entry_of_the_other() -> None:
         assert found == {layout.FAMILY_V4 if f is V4 else layout.FAMILY_V6 for f in families}
         assert bool(maps.dump("kpx_svc4")) == (V4 in families)
         assert bool(maps.dump("kpx_svc6")) == (V6 in families)
+
+
+def test_a_full_sync_deleting_stale_affinity_entries_counts_them() -> None:
+    """The affinity entries of a Service gone go in the next full sync; its operations are
+    counted per map like the others."""
+    cluster, backend, maps = seed_lab()
+    stale = layout.AFFINITY_KEY.pack(1, 0x0BADF00D)
+    maps.update("kpx_affinity", stale, layout.affinity_value(bytes(20), 1))
+    result = backend.sync(cluster.checkout(full=True))
+    assert maps.dump("kpx_affinity") == {}
+    sent = {s.labels: s.value for s in result.samples if s.family.endswith("operations_last")}
+    assert sent[("kpx_affinity", "delete")] == 1

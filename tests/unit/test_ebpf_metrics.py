@@ -10,7 +10,7 @@ import yaml
 from kits.render_kit import LAB, config
 
 from kubeplex.backends.ebpf import EbpfBackend, metrics
-from kubeplex.backends.ebpf.plan import RENDERED_MAPS
+from kubeplex.backends.ebpf.plan import OBSERVED_MAPS, RENDERED_MAPS
 from kubeplex.core.daemon.metrics import ProxyMetrics
 from kubeplex.core.dataplane.backend import BackendContext
 from kubeplex.core.model.cluster import ClusterState
@@ -67,7 +67,7 @@ def test_a_sync_exposes_the_entries_of_each_map_and_the_operations_it_sent() -> 
         ("kpx_svc4", "update"): 1,
         ("kpx_backends", "delete"): 1,
     }
-    assert len(sent) == len(RENDERED_MAPS) * 2  # the others are 0, not last sync's
+    assert len(sent) == len(OBSERVED_MAPS) * 2  # the others are 0, not last sync's
     assert exposed(m, metrics.MAP_ENTRIES)[("kpx_backends",)] == backends_before - 1
 
 
