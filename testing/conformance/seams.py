@@ -61,7 +61,8 @@ def refusing(kernel: object) -> _Wrapped:
 
 
 class Recorder:
-    """The seam, with every text handed to a write method recorded before it is sent."""
+    """The seam, with every text handed to a write method recorded before it is sent (a call
+    with bytes among its arguments as one text of the method and its arguments)."""
 
     def __init__(self, kernel: object) -> None:
         self.sent: list[str] = []
@@ -69,7 +70,15 @@ class Recorder:
 
     def _write(self, name: str, call: Any) -> Any:
         method, args, kwargs = call
-        self.sent += text_arguments([*args, *kwargs.values()])
+        values = [*args, *kwargs.values()]
+        if any(isinstance(v, bytes) for v in values):
+            # A call of raw values (a BPF map operation) is one text: the method, then its
+            # arguments, bytes in hex ("update kpx_svc4 KEYHEX VALUEHEX").
+            self.sent.append(
+                " ".join([name, *(v.hex() if isinstance(v, bytes) else str(v) for v in values)])
+            )
+        else:
+            self.sent += text_arguments(values)
         return method(*args, **kwargs)
 
 
