@@ -27,10 +27,10 @@ BPFFS_ROOT = Path("/run/kubeplex-netlab")  # <root>/<prefix> is a lab's bpffs mo
 MOUNTS = Path("/proc/self/mounts")
 
 
-def _mounts(fstype: str, mounts: Path = MOUNTS) -> list[Path]:
-    """Mount points of ``fstype``, in the order the kernel lists them."""
+def _mounts(fstype: str, mounts: Path | None = None) -> list[Path]:
+    """Mount points of ``fstype``, in the order the kernel lists them (in ``MOUNTS``)."""
     try:
-        lines = mounts.read_text().splitlines()
+        lines = (mounts or MOUNTS).read_text().splitlines()
     except OSError:
         return []
     found = []
@@ -41,7 +41,7 @@ def _mounts(fstype: str, mounts: Path = MOUNTS) -> list[Path]:
     return found
 
 
-def cgroup2_mount(mounts: Path = MOUNTS) -> Path | None:
+def cgroup2_mount(mounts: Path | None = None) -> Path | None:
     """The machine's cgroup2 mount (the first listed), or None where there is none."""
     found = _mounts("cgroup2", mounts)
     return found[0] if found else None

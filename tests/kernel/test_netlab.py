@@ -419,3 +419,15 @@ def test_down_all_and_reap_stale_remove_kernel_folders_without_namespaces() -> N
     labkernel.mount_bpffs(stale, ["n1"])
     reap_stale()
     assert stale not in labkernel.prefixes()
+
+
+@kernel
+def test_without_cgroup2_the_lab_works_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(labkernel, "cgroup2_mount", lambda mounts=None: None)  # none mounted
+    with Lab(small_spec(), unique_prefix()) as lab:
+        assert lab.no_cgroups is not None and "cgroup2" in lab.no_cgroups
+        assert lab.cgroup_of("n1") is None and lab.bpffs_of("n1") is not None
+        [r] = lab.http("h1", "172.18.0.5", 9, timeout=1)
+        assert r.outcome == "refused"
+        assert tally(lab.udp("n1", lab.spec.pod("p1").ip, 9000)) == {"p1": 1}
+    assert lab.prefix not in netns_list()
