@@ -320,3 +320,20 @@ def terminating_objects(
         ),
         endpoint_slice("ns1", "svc1", endpoints, [port(name="")]),
     ]
+
+
+def dual_stack_svc1() -> list[dict[str, Any]]:
+    """ns1/svc1 (port p80) on 172.30.0.41 and fd00:10:96::41, one endpoint in each family."""
+    return [
+        service(
+            "ns1",
+            "svc1",
+            "172.30.0.41",
+            [port()],
+            clusterIPs=["172.30.0.41", "fd00:10:96::41"],
+            ipFamilies=["IPv4", "IPv6"],
+            ipFamilyPolicy="RequireDualStack",
+        ),
+        endpoint_slice("ns1", "svc1", [ep("10.180.0.1")]),
+        endpoint_slice("ns1", "svc1", [ep("fd00:10:180::1")], family="IPv6", name="v6"),
+    ]

@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 import yaml
-from kits.render_kit import LAB, config, endpoint_slice, ep, node_obj, port, service
+from kits.render_kit import (
+    LAB,
+    config,
+    dual_stack_svc1,
+    endpoint_slice,
+    ep,
+    node_obj,
+    port,
+    service,
+)
 
 from kubeplex.backends.ebpf import EbpfBackend, layout, nodeport_addresses, requirements
 from kubeplex.backends.ebpf.layout import DEFAULT_BPFFS
@@ -202,20 +211,10 @@ def test_a_node_running_one_family_writes_no_entry_of_the_other() -> None:
     written, on an IPv6-only node none of its IPv4 ones; with both families, both are."""
     for families in ((V4,), (V6,), (V4, V6)):
         cluster = ClusterState(SEED_NODE, (V4, V6))
-        cluster.set_service(
-            service(
-                "ns1",
-                "svc1",
-                "172.30.0.41",
-                [port()],
-                clusterIPs=["172.30.0.41", "fd00:10:96::41"],
-                ipFamilies=["IPv4", "IPv6"],
-                ipFamilyPolicy="PreferDualStack",
-            )
-        )
-        cluster.set_endpoint_slice(endpoint_slice("ns1", "svc1", [ep("10.180.0.1")]))
-        v6 = endpoint_slice("ns1", "svc1", [ep("fd00:10:180::1")], family="IPv6", name="v6")
-        cluster.set_endpoint_slice(v6)
+        svc, *slices = dual_stack_svc1()
+        cluster.set_service(svc)
+        for eps in slices:
+            cluster.set_endpoint_slice(eps)
         maps = FakeEbpfMaps()
         ctx = BackendContext(
             config({"mode": "nftables"}), SEED_NODE, families=families, kernel=maps

@@ -20,6 +20,7 @@ from kits.render_kit import (
     V4,
     V6,
     assert_golden_file,
+    dual_stack_svc1,
     endpoint_slice,
     ep,
     node_obj,
@@ -264,23 +265,7 @@ def test_terminating_fallback_and_topology_hints_as_the_graph_decides() -> None:
 
 
 def test_a_dual_stack_service_has_a_svc_id_per_family() -> None:
-    lab = Lab(
-        [
-            node_obj(("192.168.0.2", "fd00::2")),
-            service(
-                "ns1",
-                "svc1",
-                "172.30.0.41",
-                [port()],
-                clusterIPs=["172.30.0.41", "fd00:10:96::41"],
-                ipFamilies=["IPv4", "IPv6"],
-                ipFamilyPolicy="RequireDualStack",
-            ),
-            endpoint_slice("ns1", "svc1", [ep("10.180.0.1")]),
-            endpoint_slice("ns1", "svc1", [ep("fd00:10:180::1")], family="IPv6", name="v6"),
-        ],
-        families=(V4, V6),
-    )
+    lab = Lab(dual_stack_objects(), families=(V4, V6))
     lab.sync(full=True)
     (v4,) = lab.maps.dump("kpx_svc4").values()
     (v6,) = lab.maps.dump("kpx_svc6").values()
@@ -616,20 +601,7 @@ def test_an_affinity_entry_evicted_before_its_delete_is_no_error() -> None:
 
 
 def dual_stack_objects() -> list[dict[str, Any]]:
-    return [
-        node_obj(("192.168.0.2", "fd00::2")),
-        service(
-            "ns1",
-            "svc1",
-            "172.30.0.41",
-            [port()],
-            clusterIPs=["172.30.0.41", "fd00:10:96::41"],
-            ipFamilies=["IPv4", "IPv6"],
-            ipFamilyPolicy="PreferDualStack",
-        ),
-        endpoint_slice("ns1", "svc1", [ep("10.180.0.1")]),
-        endpoint_slice("ns1", "svc1", [ep("fd00:10:180::1")], family="IPv6", name="v6"),
-    ]
+    return [node_obj(("192.168.0.2", "fd00::2")), *dual_stack_svc1()]
 
 
 @pytest.mark.parametrize("family", [V4, V6])
