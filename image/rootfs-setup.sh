@@ -27,6 +27,8 @@ find "$site/kubernetes/aio" -name __pycache__ -type d -exec rm -rf {} +
 install -m 0755 /tmp/image/iptables-wrapper /usr/sbin/iptables-wrapper
 /usr/sbin/iptables-wrapper install
 kubeplex version >/dev/null
+# The ebpf mode's compiled programs travel in the wheel (scripts/build-bpf.sh ran first).
+python3 -c 'from kubeplex.backends.ebpf.loader import OBJECT_PATH as o; assert o.is_file(), o'
 # The methods of kubeplex's dataclasses compiled once, here: a pod's first start compiles none.
 python3 -m kubeplex.core.cli.warm_cache
 

@@ -21,7 +21,9 @@
 #                   /etc/apt/apt.conf.d settings apply too, so a proxy or mirror keeps working.
 #
 # Needs root (mmdebstrap's root mode and a chroot for pip), mmdebstrap, umoci and python3 with
-# pip; scripts/setup.sh installs the tools when KUBEPLEX_IMAGE_TOOLS=1.
+# pip; scripts/setup.sh installs the tools when KUBEPLEX_IMAGE_TOOLS=1. The ebpf mode's programs
+# are compiled into the wheel first (scripts/build-bpf.sh: clang and libbpf's headers, which
+# KUBEPLEX_BPF_TOOLS=1 installs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,6 +49,8 @@ for tool in mmdebstrap umoci; do
 done
 PYTHON=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 "$PYTHON" -m pip --version >/dev/null || die "$PYTHON has no pip"
+command -v clang >/dev/null && [ -f /usr/include/bpf/bpf_helpers.h ] \
+  || die "clang and libbpf's headers are missing (KUBEPLEX_BPF_TOOLS=1 bash scripts/setup.sh)"
 
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml)
 tag=${tag:-$version}
@@ -75,8 +79,9 @@ done
 
 # What the modes run: iptables (both its legacy and nft variants), nft, conntrack, ip, sysctl
 # (procps), nfacct, modprobe (kmod); ipset and ipvsadm for operators of the ipvs mode (which
-# itself talks netlink and runs neither); and Python for kubeplex itself.
-packages=python3,iptables,nftables,ipset,ipvsadm,conntrack,iproute2,procps,nfacct,kmod
+# itself talks netlink and runs neither); libbpf1, which the ebpf mode loads its programs with;
+# and Python for kubeplex itself.
+packages=python3,iptables,nftables,ipset,ipvsadm,conntrack,iproute2,procps,nfacct,kmod,libbpf1
 
 start=$(date +%s)
 mkdir -p "$out"
@@ -86,7 +91,8 @@ rm -rf "$stage" "$out/oci" "$out"/kubeplex-*.oci.tar
 trap 'rm -rf "$stage"' EXIT  # the staged wheels and root filesystem, even after a failure
 mkdir -p "$stage/wheels" "$stage/pip"
 
-echo "build-image: wheels" >&2
+echo "build-image: the ebpf programs, then wheels" >&2
+bash scripts/build-bpf.sh  # into backends/ebpf/objects/, which the wheel carries
 "$PYTHON" -m pip wheel -q --no-deps -w "$stage/wheels" .
 # Binary wheels for the image's Python (the release's python3, same minor as checked below).
 pyver=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 from kits.cli_kit import in_netns
+from kits.ebpf_kit import own_cgroup
+
+from kubeplex.core.dataplane import plugins
 
 REPO = Path(__file__).resolve().parents[2]
 WRAPPER = REPO / "image" / "iptables-wrapper"
@@ -32,6 +35,15 @@ WEB_NFT_CHAIN = "service-PFISGYVC-default/web/tcp/"
 CHROOT = (
     'mount --bind /proc "$0/proc" && mount --bind /sys "$0/sys" && mount --bind /dev "$0/dev"'
     ' && exec chroot "$0" "$@"'
+)
+
+
+# The same, with a bpffs and the cgroup2 hierarchy mounted where a pod of the chart finds them
+# (in that mount namespace only, so they go with the command, and every pin with them).
+CHROOT_EBPF = CHROOT.replace(
+    " && exec chroot",
+    ' && mount -t bpf bpf "$0/sys/fs/bpf" && mount -t cgroup2 cgroup2 "$0/sys/fs/cgroup"'
+    " && exec chroot",
 )
 
 
@@ -84,10 +96,12 @@ def image(rootfs: Path) -> Path:
     return rootfs
 
 
-def in_image(root: Path, ns: str, *argv: str) -> subprocess.CompletedProcess[str]:
+def in_image(
+    root: Path, ns: str, *argv: str, chroot: str = CHROOT
+) -> subprocess.CompletedProcess[str]:
     """``argv`` run from the image's root filesystem in namespace ``ns`` (not checked)."""
     return subprocess.run(
-        ["ip", "netns", "exec", ns, "sh", "-c", CHROOT, str(root), *argv],
+        ["ip", "netns", "exec", ns, "sh", "-c", chroot, str(root), *argv],
         capture_output=True,
         text=True,
         timeout=120,
@@ -153,6 +167,41 @@ def test_backends_lists_the_linux_modes_as_usable(image: Path, netns: str) -> No
     rows = {line.split()[0]: line.split()[1] for line in proc.stdout.splitlines() if line}
     assert rows.get("iptables") == "ok"
     assert rows.get("nftables") == "ok"
+
+
+@pytest.mark.kernel
+def test_the_ebpf_mode_is_usable_from_the_image(image: Path, netns: str) -> None:
+    """With a bpffs and cgroup2 mounted (as the chart does), `kubeplex backends` finds every
+    requirement of the mode in the image (libbpf, the compiled programs); a sync attaches to a
+    cgroup of the test's own (named in the trust list's options) and `explain` reads the web
+    Service back from the pinned maps."""
+    with own_cgroup() as cgroup:
+        packaged = (Path(plugins.__file__).parent / "plugins.toml").read_text()
+        options = f'[backends.ebpf.options]\ncgroup = "/sys/fs/cgroup/{cgroup.name}"\n'
+        (image / "srv" / "plugins.toml").write_text(packaged + "\n" + options)
+        lab = ["--config=/srv/lab/config.yaml", "--manifests=/srv/lab/manifests"]
+        script = (
+            "kubeplex backends --json && kubeplex run --once --proxy-mode=ebpf $0 $1"
+            " && kubeplex explain default/web --proxy-mode=ebpf $0 $1"
+        )
+        proc = in_image(
+            image,
+            netns,
+            "env",
+            "KUBEPLEX_PLUGINS=/srv/plugins.toml",
+            "sh",
+            "-c",
+            script,
+            *lab,
+            chroot=CHROOT_EBPF,
+        )
+    assert proc.returncode == 0, proc.stderr
+    listed, _, explained = proc.stdout.partition("\n}\n")
+    (ebpf,) = [b for b in json.loads(listed + "\n}")["backends"] if b["mode"] == "ebpf"]
+    assert (ebpf["status"], ebpf["detail"]) == ("ok", "")
+    assert "default/web (TCP, IPv4), mode ebpf" in explained
+    assert "kpx_svc4 10.96.88.59:80/tcp -> svc 0x" in explained
+    assert "drift: none" in explained
 
 
 @pytest.mark.kernel

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kubeplex.backends.ebpf import libbpf
+
 REPO = Path(__file__).resolve().parents[2]
 WRAPPER = REPO / "image" / "iptables-wrapper"
 BUILD = REPO / "scripts" / "build-image.sh"
@@ -118,6 +120,21 @@ def test_image_holds_every_linux_modes_tools() -> None:
     # iptables, nftables, ipset (IPVS), conntrack, ip, sysctl, nfacct, modprobe.
     needed = {"iptables", "nftables", "ipset", "conntrack", "iproute2", "procps", "nfacct", "kmod"}
     assert needed <= _build_packages()
+
+
+def test_image_carries_the_ebpf_modes_library_and_programs() -> None:
+    """libbpf1 is what the loader opens (libbpf.so.1); both builds compile the programs before
+    the wheel, which carries them, and the image's setup fails without them."""
+    assert libbpf.SONAME == "libbpf.so.1" and "libbpf1" in _build_packages()
+    build = BUILD.read_text()
+    assert build.index("bash scripts/build-bpf.sh") < build.index("pip wheel")
+    wheels = (REPO / "Containerfile").read_text().split("# Stage 2")[0]
+    assert "COPY bpf bpf" in wheels and "clang libbpf-dev" in wheels
+    assert wheels.index("bash scripts/build-bpf.sh") < wheels.index("pip wheel")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    data = project["tool"]["setuptools"]["package-data"]["kubeplex.backends.ebpf"]
+    assert "objects/*.bpf.o" in data
+    assert "OBJECT_PATH" in (REPO / "image" / "rootfs-setup.sh").read_text()
 
 
 def test_chart_default_image_is_the_one_the_script_builds() -> None:
