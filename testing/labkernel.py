@@ -19,7 +19,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 CGROUP_STEM = "kubeplex-netlab-"  # <cgroup2>/<stem><prefix>
@@ -89,17 +89,13 @@ def mount_bpffs(prefix: str, nodes: Iterable[str]) -> Path:
     return mount
 
 
-def joiner(cgroup: Path | None) -> Callable[[], None] | None:
-    """A ``preexec_fn`` that moves the new process into ``cgroup`` (None: no move)."""
+def in_cgroup(cgroup: Path | None, argv: Sequence[str]) -> list[str]:
+    """``argv`` run inside ``cgroup`` (None: as it is): a shell moves itself there, then
+    becomes the command, so the pid stays the one started. (Not a ``preexec_fn``: the lab
+    starts processes from several threads, which forking Python code does not survive.)"""
     if cgroup is None:
-        return None
-    procs = str(cgroup / "cgroup.procs")
-
-    def join() -> None:
-        with open(procs, "w") as f:  # "0": the writing process itself
-            f.write("0")
-
-    return join
+        return list(argv)
+    return ["sh", "-c", 'echo 0 > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *argv]
 
 
 def _pids(cgroup: Path) -> list[int]:

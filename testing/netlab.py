@@ -930,7 +930,9 @@ class Lab:
         log = self.log_dir / f"{name}.log"
         with log.open("wb") as logf:
             proc = subprocess.Popen(
-                ["ip", "netns", "exec", self._resolve(ns), *argv],
+                labkernel.in_cgroup(
+                    self.cgroup_of(ns), ["ip", "netns", "exec", self._resolve(ns), *argv]
+                ),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=logf,
@@ -938,7 +940,6 @@ class Lab:
                 # Own session: a Ctrl-C aimed at pytest or `kubeplex lab` must not kill
                 # servers behind the teardown's back; teardown kills them explicitly.
                 start_new_session=True,
-                preexec_fn=labkernel.joiner(self.cgroup_of(ns)),
             )
         srv = _Server(name, proc)
         self._servers.append(srv)
@@ -998,16 +999,10 @@ class Lab:
     ) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` inside a lab namespace (a name like ``kind-worker`` or the full name)."""
         netns = self._resolve(ns)
-        cmd = ["ip", "netns", "exec", netns, *argv]
+        cmd = labkernel.in_cgroup(self.cgroup_of(netns), ["ip", "netns", "exec", netns, *argv])
         try:
             cp = subprocess.run(
-                cmd,
-                input=input,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-                preexec_fn=labkernel.joiner(self.cgroup_of(netns)),
+                cmd, input=input, capture_output=True, text=True, timeout=timeout, check=False
             )
         except subprocess.TimeoutExpired as exc:
             raise LabError(f"[{netns}] {shlex.join(argv)}: timed out after {timeout}s") from exc
