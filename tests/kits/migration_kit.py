@@ -252,10 +252,8 @@ class Traffic:
             ready = tmp / f"ready-{ns}"
             cmd = ["ip", "netns", "exec", lab.namespace_of(ns), sys.executable, str(KIT)]
             cmd += [*args, "--stop", str(self.stop_file), "--ready", str(ready)]
-            join = labkernel.joiner(lab.cgroup_of(ns))
-            self.procs.append(
-                subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=join)
-            )
+            cmd = labkernel.in_cgroup(lab.cgroup_of(ns), cmd)
+            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
             wait_until(ready.exists, what=f"traffic from {ns}")
 
     def stop(self) -> dict[str, Any]:
