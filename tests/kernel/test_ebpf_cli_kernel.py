@@ -4,7 +4,6 @@ says it cannot, and prints the plan from nothing."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -15,11 +14,10 @@ from pathlib import Path
 
 import pytest
 from kits.cli_kit import RENDER_LAB
-from kits.ebpf_kit import own_bpffs, own_cgroup, own_loader
+from kits.ebpf_kit import own_bpffs, own_cgroup, own_loader, write_trust_list
 
 from kubeplex.backends.ebpf import layout
 from kubeplex.backends.ebpf.maps import PinnedMaps
-from kubeplex.core.dataplane import plugins
 
 pytestmark = [
     pytest.mark.kernel,
@@ -42,14 +40,8 @@ def trust_list() -> Iterator[tuple[Path, Path]]:
             key = layout.svc_key(IPv4Address("10.96.0.99"), 80, layout.PROTO_TCP)
             maps.update(layout.SVC4.name, key, layout.svc_value(7, 0))
             maps.close()
-            entry = plugins.load_trust_list().entry("ebpf")
-            assert entry is not None
-            path = folder / "plugins.toml"
-            path.write_text(
-                "version = 1\n[backends.ebpf]\n"
-                f'entry-point = "{entry.entry_point}"\nplatform = "linux"\n'
-                f"capabilities = {json.dumps(sorted(entry.capabilities))}\n"
-                f'[backends.ebpf.options]\nbpffs = "{bpffs}"\ncgroup = "{cgroup}"\n'
+            path = write_trust_list(
+                folder / "plugins.toml", {"bpffs": str(bpffs), "cgroup": str(cgroup)}
             )
             yield path, bpffs
     finally:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from kubeplex.backends.ebpf.loader import Loader
+from kubeplex.core.dataplane import plugins
 
 CGROUP2 = Path("/sys/fs/cgroup/unified")
 
@@ -30,6 +31,14 @@ def missing() -> str | None:
     if not (CGROUP2 / "cgroup.procs").exists():
         return f"no cgroup2 mounted at {CGROUP2}"
     return Loader().missing()
+
+
+def write_trust_list(path: Path, options: dict[str, str]) -> Path:
+    """The packaged trust list at ``path``, with these ``[backends.ebpf.options]``."""
+    packaged = Path(plugins.__file__).with_name("plugins.toml").read_text()
+    lines = ["[backends.ebpf.options]", *(f'{k} = "{v}"' for k, v in options.items())]
+    path.write_text(packaged + "\n" + "\n".join(lines) + "\n")
+    return path
 
 
 @contextmanager

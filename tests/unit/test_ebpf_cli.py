@@ -13,29 +13,10 @@ from pathlib import Path
 
 import pytest
 from kits.cli_kit import RENDER_LAB, kubeplex
-
-from kubeplex.core.dataplane import plugins
+from kits.ebpf_kit import write_trust_list
 
 #: Drops to nobody (setpriv, from util-linux), no capability kept.
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-
-
-def ebpf_trust_list(folder: Path, options: dict[str, str]) -> Path:
-    """A trust list allowing only the packaged ebpf entry, with these options."""
-    entry = plugins.load_trust_list().entry("ebpf")
-    assert entry is not None
-    lines = [
-        "version = 1",
-        "[backends.ebpf]",
-        f'entry-point = "{entry.entry_point}"',
-        'platform = "linux"',
-        f"capabilities = {json.dumps(sorted(entry.capabilities))}",
-        "[backends.ebpf.options]",
-        *(f'{key} = "{value}"' for key, value in options.items()),
-    ]
-    path = folder / "plugins.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 @pytest.mark.skipif(
@@ -71,7 +52,7 @@ def test_backends_names_each_missing_requirement_of_the_mode(tmp_path: Path) -> 
     plain = tmp_path / "plain"
     plain.mkdir()
     gone = tmp_path / "gone"
-    trust = ebpf_trust_list(tmp_path, {"cgroup": str(gone), "bpffs": str(plain)})
+    trust = write_trust_list(tmp_path / "plugins.toml", {"cgroup": str(gone), "bpffs": str(plain)})
     proc = kubeplex("backends", "--plugins", str(trust))
     assert proc.returncode == 0, proc.stderr
     assert "ebpf         requirements missing" in proc.stdout
@@ -85,7 +66,7 @@ def test_backends_names_each_missing_requirement_of_the_mode(tmp_path: Path) -> 
 
 
 def test_backends_names_options_that_are_not_paths(tmp_path: Path) -> None:
-    trust = ebpf_trust_list(tmp_path, {"cgroup": "sys/fs/cgroup", "pins": "/x"})
+    trust = write_trust_list(tmp_path / "plugins.toml", {"cgroup": "sys/fs/cgroup", "pins": "/x"})
     proc = kubeplex("backends", "--plugins", str(trust))
     assert "ebpf         broken" in proc.stdout
     assert "cgroup: must be an absolute path, not 'sys/fs/cgroup'" in proc.stdout
