@@ -53,7 +53,7 @@ MODE = "ebpf"
 NOT_YET = (
     "SCTP Services",
     "NodePorts on loopback addresses",
-    "loadBalancerSourceRanges",
+    "loadBalancerSourceRanges for connections started on the node (other hosts' are filtered)",
     "rejecting traffic to unused ClusterIP ports",
 )
 

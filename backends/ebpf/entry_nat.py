@@ -7,9 +7,9 @@ translated by no socket. These tables DNAT it at prerouting: one lookup of the d
 a verdict map (an externalIP or LoadBalancer IP with its port and protocol), or of the port
 and protocol in another one where the destination is a NodePort address, so the cost does not
 grow with the number of Services; the verdict is the Service port's chain, which picks an
-endpoint with ``numgen`` and DNATs to it. Packets that start on the node never reach
-prerouting, and those of the node's pods were translated at their socket: conntrack holds NAT
-entries for the external flows only.
+endpoint with ``numgen`` (``dnat_rules``) and DNATs to it. Packets that start on the node
+never reach prerouting, and those of the node's pods were translated at their socket:
+conntrack holds NAT entries for the external flows only.
 
 Per Service port and family, as upstream's external destinations:
 
@@ -17,11 +17,13 @@ Per Service port and family, as upstream's external destinations:
   source masqueraded (the masquerade mark, taken off and acted on at postrouting);
 * Local: the node's local endpoints, the client's address kept; none here: dropped;
 * no endpoint anywhere: rejected, as the socket programs refuse the connection;
-* loadBalancerSourceRanges: a source outside them is dropped at the LoadBalancer IPs.
+* loadBalancerSourceRanges: a source outside them is dropped at the LoadBalancer IPs (only
+  here: the socket programs let the node's own connections in, so the mode does not declare
+  the capability).
 
-Every write replaces the tables in one transaction (created, deleted, written again), so a
-full sync reconciles whatever the tables held; a partial sync writes only if the text
-changed. Session affinity is not applied to these flows yet.
+A full sync replaces the tables in one transaction (created, deleted, written again), which
+reconciles whatever they held; a partial sync sends only the changed chains and elements, in
+one transaction too. Session affinity is not applied to these flows yet.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from kubeplex.backends.netfilter.hashing import cached_base
 from kubeplex.backends.netfilter.marks import masquerade_mark
 from kubeplex.core.model.errors import BackendError
 from kubeplex.core.model.graph import ProxyState, ServiceGraph
-from kubeplex.core.model.types import IPFamily, ServicePort, family_of
+from kubeplex.core.model.types import Endpoint, IPFamily, ServicePort, family_of
 from kubeplex.core.model.types import Protocol as L4
 
 TABLE = "kubeplex-ebpf"
@@ -51,6 +53,10 @@ _PROTOCOLS = {L4.TCP: "tcp", L4.UDP: "udp"}
 _ADDR_TYPES = {IPFamily.IPv4: "ipv4_addr", IPFamily.IPv6: "ipv6_addr"}
 
 
+#: A chain: its name and its rules.
+Chain = tuple[str, tuple[str, ...]]
+
+
 @dataclass(frozen=True)
 class Entry:
     """What one Service port of one family adds to its family's table."""
@@ -60,11 +66,7 @@ class Entry:
     #: Its NodePort key ("PROTO . PORT") with its verdict, if it has one.
     nodeport: tuple[str, str] | None
     #: Its chains.
-    chains: tuple[str, ...]
-
-
-def _chain(name: str, rules: Iterable[str]) -> str:
-    return f"  chain {name} {{\n" + "".join(f"    {rule}\n" for rule in rules) + "  }\n"
+    chains: tuple[Chain, ...]
 
 
 def source_ranges(ranges: Iterable[str], family: IPFamily) -> list[str]:
@@ -78,6 +80,19 @@ def source_ranges(ranges: Iterable[str], family: IPFamily) -> list[str]:
 
 def _network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     return ipaddress.ip_network(text, strict=False)
+
+
+def dnat_rules(proto: str, endpoints: Iterable[Endpoint]) -> list[str]:
+    """One rule per endpoint, each taking 1/k of what the ones before left (k: the endpoints
+    left), as iptables' statistic rules: an even spread without an anonymous map per Service,
+    whose naming costs the kernel a scan of the table's sets (O(N^2) to load N Services)."""
+    targets = [ep.address for ep in endpoints]
+    left = len(targets)
+    rules = []
+    for i, target in enumerate(targets):
+        pick = f"numgen random mod {left - i} 0 " if i < left - 1 else ""
+        rules.append(f"meta l4proto {proto} {pick}dnat to {target}")
+    return rules
 
 
 def entry(graph: ServiceGraph, svc: ServicePort) -> Entry | None:
@@ -99,90 +114,139 @@ def entry(graph: ServiceGraph, svc: ServicePort) -> Entry | None:
         rules = ["drop"]
     else:
         rules = [] if svc.external_policy_local else [f"meta mark set meta mark | {MASQUERADE}"]
-        targets = ", ".join(f"{slot} : {ep.ip} . {ep.port}" for slot, ep in enumerate(endpoints))
-        mod = len(endpoints)
-        rules.append(f"meta l4proto {proto} dnat to numgen random mod {mod} map {{ {targets} }}")
-    chains = [_chain(external, rules)]
+        rules += dnat_rules(proto, endpoints)
+    chains: list[Chain] = [(external, tuple(rules))]
     verdict = f"goto {external}"
     lb_verdict = verdict
     ranges = source_ranges(svc.load_balancer_source_ranges, family)
     if svc.load_balancer_vips and ranges:
         firewall = f"firewall-{base}"
         allowed = ", ".join(ranges)
-        chains.append(_chain(firewall, [f"{addr} saddr != {{ {allowed} }} drop", verdict]))
+        chains.append((firewall, (f"{addr} saddr != {{ {allowed} }} drop", verdict)))
         lb_verdict = f"goto {firewall}"
     addresses = [(f"{ip} . {proto} . {svc.port}", verdict) for ip in svc.external_ips]
-    addresses += [(f"{ip} . {proto} . {svc.port}", lb_verdict) for ip in svc.load_balancer_vips]
+    lb = [(f"{ip} . {proto} . {svc.port}", lb_verdict) for ip in svc.load_balancer_vips]
     nodeport = (f"{proto} . {svc.node_port}", verdict) if svc.node_port else None
-    return Entry(tuple(addresses), nodeport, tuple(chains))
+    return Entry(tuple(addresses + lb), nodeport, tuple(chains))
 
 
-def _elements(pairs: Iterable[tuple[str, str]]) -> str:
-    """A map's elements; on a key two Service ports want, the one rendered first keeps it."""
-    taken: dict[str, str] = {}
-    for key, verdict in pairs:
-        taken.setdefault(key, verdict)
+@dataclass(frozen=True)
+class Tables:
+    """What one family's table holds of the Service ports (besides its fixed chains)."""
+
+    nodeport_ips: tuple[str, ...]
+    #: Each verdict map's elements: key to verdict.
+    maps: dict[str, dict[str, str]]
+    #: The Service ports' chains: name to rules.
+    chains: dict[str, tuple[str, ...]]
+
+    @classmethod
+    def of(cls, entries: Iterable[Entry], nodeport_ips: tuple[str, ...]) -> Tables:
+        """On a key two Service ports want, the one given first keeps it."""
+        points: dict[str, str] = {}
+        nodeports: dict[str, str] = {}
+        chains: dict[str, tuple[str, ...]] = {}
+        for e in entries:
+            for key, verdict in e.addresses:
+                points.setdefault(key, verdict)
+            if e.nodeport:
+                nodeports.setdefault(*e.nodeport)
+            chains.update(e.chains)
+        return cls(nodeport_ips, {"entry-points": points, "nodeports": nodeports}, chains)
+
+
+def _chain(name: str, rules: Iterable[str]) -> str:
+    return f"  chain {name} {{\n" + "".join(f"    {rule}\n" for rule in rules) + "  }\n"
+
+
+def _elements(taken: dict[str, str]) -> str:
     if not taken:
         return ""
     listed = "".join(f"      {k} : {v},\n" for k, v in taken.items())
     return "    elements = {\n" + listed + "    }\n"
 
 
-def table(family: IPFamily, entries: Iterable[Entry], nodeport_addresses: Iterable[str]) -> str:
-    """One family's table, as ``nft -f`` reads it."""
-    listed = list(entries)
-    addr, addr_type = ("ip" if family is IPFamily.IPv4 else "ip6"), _ADDR_TYPES[family]
-    ips = [ip for ip in nodeport_addresses if family_of(ip) is family]
-    out = [f"table {FAMILIES[family]} {TABLE} {{\n"]
+def table(family: IPFamily, tables: Tables) -> str:
+    """One family's table, as ``nft -f`` reads it, replacing whatever it held."""
+    kind, addr_type = FAMILIES[family], _ADDR_TYPES[family]
+    addr = "ip" if family is IPFamily.IPv4 else "ip6"
+    ips = tables.nodeport_ips
+    out = [f"add table {kind} {TABLE}\ndelete table {kind} {TABLE}\n"]
+    out.append(f"table {kind} {TABLE} {{\n")
     out.append(f"  set nodeport-ips {{\n    type {addr_type}\n")
     out.append(f"    elements = {{ {', '.join(ips)} }}\n  }}\n" if ips else "  }\n")
     out.append(
         f"  map entry-points {{\n    type {addr_type} . inet_proto . inet_service : verdict\n"
     )
-    out.append(_elements(pair for e in listed for pair in e.addresses) + "  }\n")
+    out.append(_elements(tables.maps["entry-points"]) + "  }\n")
     out.append("  map nodeports {\n    type inet_proto . inet_service : verdict\n")
-    out.append(_elements(e.nodeport for e in listed if e.nodeport) + "  }\n")
-    out.append(
-        _chain(
-            "prerouting",
-            [
-                "type nat hook prerouting priority dstnat; policy accept;",
-                f"{addr} daddr . meta l4proto . th dport vmap @entry-points",
-                f"{addr} daddr @nodeport-ips meta l4proto . th dport vmap @nodeports",
-            ],
-        )
-    )
-    out.append(
-        _chain(
-            "postrouting",
-            [
-                "type nat hook postrouting priority srcnat; policy accept;",
-                f"meta mark & {MASQUERADE} == 0 return",
-                f"meta mark set meta mark ^ {MASQUERADE}",
-                "masquerade fully-random",
-            ],
-        )
-    )
-    out += [chain for e in listed for chain in e.chains]
+    out.append(_elements(tables.maps["nodeports"]) + "  }\n")
+    prerouting = [
+        "type nat hook prerouting priority dstnat; policy accept;",
+        f"{addr} daddr . meta l4proto . th dport vmap @entry-points",
+        f"{addr} daddr @nodeport-ips meta l4proto . th dport vmap @nodeports",
+    ]
+    out.append(_chain("prerouting", prerouting))
+    postrouting = [
+        "type nat hook postrouting priority srcnat; policy accept;",
+        f"meta mark & {MASQUERADE} == 0 return",
+        f"meta mark set meta mark ^ {MASQUERADE}",
+        "masquerade fully-random",
+    ]
+    out.append(_chain("postrouting", postrouting))
+    out += [_chain(name, rules) for name, rules in tables.chains.items()]
     out.append("}\n")
     return "".join(out)
 
 
+def changes(family: IPFamily, held: Tables, wanted: Tables) -> str:
+    """The commands that turn ``held`` into ``wanted`` (the same node port addresses): new and
+    changed chains first, then the elements, then the chains no element points to any more
+    (a Service port's firewall chain before the chain it jumps to)."""
+    where = f"{FAMILIES[family]} {TABLE}"
+    out = []
+    for name, rules in wanted.chains.items():
+        if held.chains.get(name) == rules:
+            continue
+        out.append(f"add chain {where} {name}\n" if name not in held.chains else "")
+        out.append(f"flush chain {where} {name}\n" if name in held.chains else "")
+        out += [f"add rule {where} {name} {rule}\n" for rule in rules]
+    for kind, want in wanted.maps.items():
+        have = held.maps[kind]
+        gone = [k for k, v in have.items() if want.get(k) != v]
+        new = [f"{k} : {v}" for k, v in want.items() if have.get(k) != v]
+        if gone:
+            out.append(f"delete element {where} {kind} {{ {', '.join(gone)} }}\n")
+        if new:
+            out.append(f"add element {where} {kind} {{ {', '.join(new)} }}\n")
+    dropped = [name for name in held.chains if name not in wanted.chains]
+    for name in sorted(dropped, key=lambda n: not n.startswith("firewall-")):
+        out.append(f"delete chain {where} {name}\n")
+    return "".join(out)
+
+
 class EntryNatRenderer:
-    """The tables' text for a ``ProxyState``; each Service port's part is kept, and a partial
-    render recomputes only the changed ones."""
+    """The transaction for a ``ProxyState``: at a full render, the whole tables (which
+    reconciles them, whatever they held); at a partial one, the changes against what the last
+    committed transaction left. Each Service port's part is kept, and a partial render
+    recomputes only the changed ones."""
 
     def __init__(self) -> None:
         self._entries: dict[IPFamily, dict[str, Entry]] = {}
-        #: The text last committed (None: unknown, the next render is sent).
-        self.applied: str | None = None
+        #: What the tables hold after the last committed transaction (None: not known).
+        self.held: dict[IPFamily, Tables] | None = None
+        #: What they hold once the last rendered transaction is committed.
+        self.pending: dict[IPFamily, Tables] = {}
 
     def invalidate(self) -> None:
-        self.applied = None
+        self.held = None
 
-    def render(self, state: ProxyState, nodeport_addresses: Iterable[str]) -> str:
-        """The whole transaction that makes the tables hold ``state``'s entry points."""
-        full = state.is_full() or self.applied is None
+    def committed(self) -> None:
+        self.held = self.pending
+
+    def render(self, state: ProxyState, nodeport_addresses: Iterable[str], full: bool) -> str:
+        """The transaction (empty: nothing to change)."""
+        full = full or self.held is None
         for family, graph in state.graphs.items():
             if full:
                 self._entries[family] = {}
@@ -196,12 +260,17 @@ class EntryNatRenderer:
                     kept[str(spn)] = found
         addresses = tuple(nodeport_addresses)
         out = []
+        self.pending = {}
         for family in sorted(state.graphs, key=lambda f: FAMILIES[f]):
-            kind = FAMILIES[family]
             kept = self._entries.get(family, {})
-            mine = [kept[name] for name in sorted(kept)]
-            out.append(f"add table {kind} {TABLE}\ndelete table {kind} {TABLE}\n")
-            out.append(table(family, mine, addresses))
+            ips = tuple(ip for ip in addresses if family_of(ip) is family)
+            wanted = Tables.of((kept[name] for name in sorted(kept)), ips)
+            self.pending[family] = wanted
+            held = self.held.get(family) if self.held is not None else None
+            if full or held is None or held.nodeport_ips != ips:
+                out.append(table(family, wanted))
+            else:
+                out.append(changes(family, held, wanted))
         return "".join(out)
 
 
@@ -262,21 +331,20 @@ class RecordedEntryNat:
 def joined(
     plan: EbpfPlan, renderer: EntryNatRenderer, state: ProxyState, settings: RenderSettings
 ) -> EbpfPlan:
-    """``plan`` with the tables' transaction, if they must be written: at a full sync (which
-    reconciles them), after a failure, or when the text changed."""
-    text = renderer.render(state, settings.nodeport_addresses)
-    if plan.full or state.is_full() or text != renderer.applied:
-        return dataclasses.replace(plan, entry_nat=text)
-    return plan
+    """``plan`` with the tables' transaction, if there is one to send: the whole tables at a
+    full sync (which reconciles them) and after a failure, else the changes."""
+    full = plan.full or state.is_full()
+    text = renderer.render(state, settings.nodeport_addresses, full)
+    return dataclasses.replace(plan, entry_nat=text) if text else plan
 
 
 def send(plan: EbpfPlan, renderer: EntryNatRenderer, seam: EntryNatSeam) -> None:
-    """Commit the plan's transaction (BackendError if refused: the next render sends it)."""
+    """Commit the plan's transaction (BackendError if refused: the next render is whole)."""
     if not plan.entry_nat:
         return
-    renderer.applied = None
+    renderer.invalidate()
     seam.run(plan.entry_nat)
-    renderer.applied = plan.entry_nat
+    renderer.committed()
 
 
 def _present(seam: EntryNatSeam) -> list[tuple[str, str]]:

@@ -2,8 +2,9 @@
 host (in no node's cgroup, so no socket program translates its connections) reaches a
 NodePort on kind-worker's address, an externalIP and a LoadBalancer IP routed to it, through
 the kernel NAT of the mode's nftables tables; the source is masqueraded for Cluster policy
-and kept for Local; conntrack in the node holds NAT entries for these flows only; a full sync
-puts back a table someone deleted; cleanup leaves nothing."""
+and kept for Local; loadBalancerSourceRanges filter the external host; conntrack in the node
+holds NAT entries for these flows only; a full sync puts back a table someone deleted;
+cleanup leaves nothing."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from kubeplex.testing.conformance.traffic import (
     web,
 )
 from kubeplex.testing.dataplane import DataplaneCluster
-from kubeplex.testing.netlab import CLIENT_POD, EXTERNAL, NODE1, NODE2, WEB_A, WEB_B, tally
+from kubeplex.testing.netlab import CLIENT_POD, EXTERNAL, NODE1, NODE2, WEB_A, WEB_B, WEB_C, tally
 
 pytestmark = pytest.mark.kernel
 
@@ -127,6 +128,36 @@ def test_conntrack_holds_nat_entries_for_the_external_flows_only(dp: DataplaneCl
     assert all(re.search(rf"src={external} dst=\S+ sport=\d+ dport={NODEPORT} ", e) for e in found)
 
 
+def listed(dc: DataplaneCluster, node: str) -> list[str]:
+    """The mode's IPv4 table as nft lists it, line by line, sorted (a chain added by a partial
+    sync is listed after those a whole write put in order)."""
+    done = dc.lab.exec(node, ["nft", "list", "table", "ip", "kubeplex-ebpf"])
+    return sorted(line.strip().rstrip(",") for line in done.stdout.splitlines())
+
+
+def test_partial_syncs_leave_the_tables_a_full_sync_writes(dp: DataplaneCluster) -> None:
+    synced(
+        dp,
+        *web(dp, type="NodePort", node_port=NODEPORT),
+        *web(dp, (WEB_B,), name="other", vip="10.96.0.40", external_ips=[EXTERNAL_IP]),
+    )
+    agent = dp.agent(NODE1)
+    for objects in (
+        web(dp, (WEB_A,), type="NodePort", node_port=NODEPORT),  # fewer endpoints
+        web(dp, (WEB_C,), name="new", vip="10.96.0.41", type="NodePort", node_port=30082),
+        web(dp, (WEB_B,), name="other", vip="10.96.0.40", external_ips=[LB_IP]),  # moved
+    ):
+        agent.set(*objects)
+        assert agent.sync(full=False) and not agent.results[-1].full
+    dp.delete("Service", "default", "other")
+    assert agent.sync(full=False)
+    partial = listed(dp, NODE1)
+    assert dp.agent(NODE1).sync(full=True)
+    assert partial == listed(dp, NODE1)
+    assert tally(dp.lab.http(EXTERNAL, ip_of(dp, NODE1), NODEPORT, count=3)) == {WEB_A: 3}
+    assert tally(dp.lab.http(EXTERNAL, ip_of(dp, NODE1), 30082, count=3)) == {WEB_C: 3}
+
+
 def test_a_full_sync_puts_back_a_deleted_table_and_cleanup_removes_it(
     dp: DataplaneCluster,
 ) -> None:
@@ -144,3 +175,20 @@ def test_a_full_sync_puts_back_a_deleted_table_and_cleanup_removes_it(
     assert "nftables table ip kubeplex-ebpf" in report.removed
     assert "kubeplex-ebpf" not in tables(dp, NODE1)
     assert agent.backend.leftovers() == []
+
+
+def test_source_ranges_filter_the_external_host(dp: DataplaneCluster) -> None:
+    external = ip_of(dp, EXTERNAL)
+    lb = {"type": "LoadBalancer", "node_port": 30081, "load_balancer_ips": [LB_IP]}
+    synced(dp, *web(dp, **lb, load_balancer_source_ranges=["203.0.113.0/24"]))
+    dp.lab.add_route(EXTERNAL, f"{LB_IP}/32", ip_of(dp, NODE1))
+    try:
+        [dropped] = dp.lab.http(EXTERNAL, LB_IP, 80, timeout=1.0)
+        assert dropped.outcome == "timeout", dropped
+        # Its NodePort is not filtered (upstream filters the LoadBalancer IPs only).
+        assert all_ok(dp.lab.http(EXTERNAL, ip_of(dp, NODE1), 30081, count=3))
+        synced(dp, *web(dp, **lb, load_balancer_source_ranges=["203.0.113.0/24", f"{external}/32"]))
+        answers = dp.lab.http(EXTERNAL, LB_IP, 80, count=6)
+        assert all_ok(answers) and set(tally(answers)) <= set(WEBS), tally(answers)
+    finally:
+        dp.lab.exec(EXTERNAL, ["ip", "route", "del", f"{LB_IP}/32"])

@@ -25,6 +25,7 @@ from kits.render_kit import (
 
 from kubeplex.backends.ebpf import EbpfBackend
 from kubeplex.backends.ebpf.entry_nat import EntryNatRenderer, RecordedEntryNat, source_ranges
+from kubeplex.backends.ebpf.render import EbpfRenderer, RenderSettings
 from kubeplex.core.dataplane.backend import BackendContext
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.types import IPFamily
@@ -33,6 +34,7 @@ from kubeplex.testing.fakes import FakeEbpfMaps
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "ebpf"
 OTHER = "other-node"
+ADDRESSES = ("192.168.0.2",)
 
 
 def cluster_of(
@@ -112,15 +114,20 @@ def policies() -> list[dict[str, Any]]:
 
 
 def test_seed_lab_golden() -> None:
-    text = EntryNatRenderer().render(seed_cluster().checkout(full=True), ("172.18.0.5",))
+    text = EntryNatRenderer().render(seed_cluster().checkout(full=True), ("172.18.0.5",), True)
     assert_golden_file(GOLDEN / "entry-nat-seed-lab.txt", text, "rendered tables differ")
     assert "tcp . 30080 : goto external-" in text
-    assert "dnat to numgen random mod 3 map { 0 : 10.244.1.2 . 8080, " in text
+    # An even spread over the three pods: a third, half of the rest, the rest.
+    assert (
+        "    meta l4proto tcp numgen random mod 3 0 dnat to 10.244.1.2:8080\n"
+        "    meta l4proto tcp numgen random mod 2 0 dnat to 10.244.2.2:8080\n"
+        "    meta l4proto tcp dnat to 10.244.2.3:8080\n"
+    ) in text
 
 
 def test_policies_golden() -> None:
     state = cluster_of(policies()).checkout(full=True)
-    text = EntryNatRenderer().render(state, ("192.168.0.2",))
+    text = EntryNatRenderer().render(state, ADDRESSES, full=True)
     assert_golden_file(GOLDEN / "entry-nat-policies.txt", text, "rendered tables differ")
     chains = {c.split(" {")[0]: c for c in text.split("  chain ")[1:]}
 
@@ -130,9 +137,9 @@ def test_policies_golden() -> None:
 
     cluster = chain("ns1/cluster/tcp/p80")
     assert "meta mark set meta mark | 0x00004000" in cluster
-    assert "mod 2 map { 0 : 10.180.0.1 . 80, 1 : 10.180.1.1 . 80 }" in cluster
+    assert "tcp numgen random mod 2 0 dnat to 10.180.0.1:80\n    meta l4proto tcp dnat" in cluster
     local = chain("ns1/local/tcp/p80")
-    assert "mark" not in local and "mod 1 map { 0 : 10.180.0.1 . 80 }" in local
+    assert local.split("\n")[1:3] == ["    meta l4proto tcp dnat to 10.180.0.1:80", "  }"]
     assert chain("ns1/elsewhere/tcp/p80").split("\n")[1].strip() == "drop"
     assert chain("ns1/none/tcp/p80").split("\n")[1].strip() == "reject"
     firewall = chain("ns1/lb/tcp/p80", "firewall-")
@@ -149,24 +156,42 @@ def test_source_ranges_are_merged_per_family() -> None:
     assert source_ranges(ranges, V6) == ["fd00::/8"]
 
 
-def test_a_partial_render_recomputes_only_the_changed_service_ports() -> None:
+def test_a_partial_render_sends_the_changes_of_the_changed_service_ports() -> None:
     cluster = cluster_of(policies())
     renderer = EntryNatRenderer()
-    first = renderer.render(cluster.checkout(full=True), ("192.168.0.2",))
-    renderer.applied = first
-    cluster.set_endpoint_slice(endpoint_slice("ns1", "elsewhere", [ep("10.180.0.9", NODE)]))
-    second = renderer.render(cluster.checkout(), ("192.168.0.2",))
-    assert second != first
-    assert (
-        second.replace(
-            "meta l4proto tcp dnat to numgen random mod 1 map { 0 : 10.180.0.9 . 80 }", "drop"
-        )
-        == first
+    assert renderer.render(cluster.checkout(full=True), ADDRESSES, full=True).startswith(
+        "add table ip kubeplex-ebpf\ndelete table ip kubeplex-ebpf\n"
     )
-    renderer.applied = second
-    # Nothing external changed: the same text.
+    renderer.committed()
+    # An endpoint on the node for a Local Service that had none: its chain, nothing else.
+    cluster.set_endpoint_slice(endpoint_slice("ns1", "elsewhere", [ep("10.180.0.9", NODE)]))
+    chain = "ip kubeplex-ebpf external-KO2CI2ID-ns1/elsewhere/tcp/p80"
+    assert renderer.render(cluster.checkout(), ADDRESSES, full=False) == (
+        f"flush chain {chain}\nadd rule {chain} meta l4proto tcp dnat to 10.180.0.9:80\n"
+    )
+    renderer.committed()
+    # Nothing external changed: nothing to send.
     cluster.set_endpoint_slice(endpoint_slice("ns1", "inside", [ep("10.180.0.8", NODE)]))
-    assert renderer.render(cluster.checkout(), ("192.168.0.2",)) == second
+    assert renderer.render(cluster.checkout(), ADDRESSES, full=False) == ""
+    # A Service gone, another one new: elements first out, chains last out.
+    cluster.delete_service("ns1", "none")
+    cluster.set_service(web_with_external_ip())
+    chain = "ip kubeplex-ebpf external-XQE727OM-ns1/new/tcp/p80"
+    assert renderer.render(cluster.checkout(), ADDRESSES, full=False) == (
+        f"add chain {chain}\n"
+        f"add rule {chain} reject\n"
+        "add element ip kubeplex-ebpf entry-points { 192.168.99.12 . tcp . 80 : goto"
+        " external-XQE727OM-ns1/new/tcp/p80 }\n"
+        "delete element ip kubeplex-ebpf nodeports { tcp . 3004 }\n"
+        "delete chain ip kubeplex-ebpf external-SW26QBJU-ns1/none/tcp/p80\n"
+    )
+    # Not committed (a failed apply): the next render is whole again.
+    renderer.invalidate()
+    assert renderer.render(cluster.checkout(), ADDRESSES, full=False).startswith("add table ")
+
+
+def web_with_external_ip() -> dict[str, Any]:
+    return service("ns1", "new", "172.30.0.48", [port()], externalIPs=["192.168.99.12"])
 
 
 def backend() -> EbpfBackend:
@@ -174,7 +199,7 @@ def backend() -> EbpfBackend:
     return EbpfBackend(ctx, options={"bpffs": "/nonexistent", "cgroup": "/nonexistent"})
 
 
-def test_the_plan_carries_the_tables_and_apply_commits_them_when_they_change() -> None:
+def test_the_plan_carries_the_tables_and_apply_commits_them() -> None:
     cluster = cluster_of(policies())
     ebpf = backend()
     tables = ebpf.entry_tables
@@ -184,20 +209,32 @@ def test_the_plan_carries_the_tables_and_apply_commits_them_when_they_change() -
     assert plan.kernel_inputs()[-1] == plan.entry_nat
     ebpf.apply(plan)
     assert tables.sent == [plan.entry_nat]
-    assert ebpf.leftovers() == ["nftables table ip kubeplex-ebpf"]
+    assert "nftables table ip kubeplex-ebpf" in ebpf.leftovers()
 
     # A partial sync that changes nothing external sends no transaction.
     cluster.set_endpoint_slice(endpoint_slice("ns1", "inside", [ep("10.180.0.8", NODE)]))
     quiet = ebpf.render(cluster.checkout())
     assert not quiet.full and quiet.entry_nat == "" and "nftables" not in str(quiet)
     ebpf.apply(quiet)
-    # One that does sends the whole tables again; a full sync always does (it reconciles).
+    # One that does sends its changes; a full sync the whole tables (it reconciles).
     cluster.set_endpoint_slice(endpoint_slice("ns1", "elsewhere", [ep("10.180.0.9", NODE)]))
     ebpf.apply(ebpf.render(cluster.checkout()))
+    assert tables.sent[-1].startswith("flush chain ip kubeplex-ebpf external-")
     ebpf.apply(ebpf.render(cluster.checkout(full=True)))
-    assert len(tables.sent) == 3
+    assert len(tables.sent) == 3 and tables.sent[-1].startswith("add table ip kubeplex-ebpf\n")
 
     report = ebpf.cleanup()
     assert "nftables table ip kubeplex-ebpf" in report.removed
     assert tables.sent[-1] == "delete table ip kubeplex-ebpf\n"
-    assert ebpf.leftovers() == []
+    assert "nftables table ip kubeplex-ebpf" not in ebpf.leftovers()
+
+
+def test_source_ranges_filter_only_the_other_hosts() -> None:
+    """The socket programs still serve a LoadBalancer IP with source ranges (so the mode does
+    not declare them); the tables filter what comes from other hosts."""
+    cluster = cluster_of(policies())
+    plan = EbpfRenderer(RenderSettings(("192.168.0.2",))).render(cluster.checkout(full=True))
+    assert "update kpx_svc4 1.2.3.4:80/tcp -> " in str(plan)
+    text = EntryNatRenderer().render(cluster.checkout(full=True), ADDRESSES, full=True)
+    assert "1.2.3.4 . tcp . 80 : goto firewall-FCBKHWL6-ns1/lb/tcp/p80," in text
+    assert "tcp . 3005 : goto external-FCBKHWL6-ns1/lb/tcp/p80," in text
