@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,11 +21,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kits.cli_kit import LAB, kubeplex
+from kits.cli_kit import LAB, free_port, kubeplex, wait_until
 from kits.ebpf_kit import missing as ebpf_missing
 from kits.migration_kit import SETTLE, StepFigures, Traffic, figures, lab_manifests
 
-from kubeplex.backends.ebpf.drain import DRAIN_SECONDS, REVERSE_PROGRAMS
+from kubeplex.backends.ebpf.drain import DRAIN_SECONDS, REVERSE_MAPS, REVERSE_PROGRAMS
 from kubeplex.backends.ebpf.layout import PIN_FOLDER, PROGRAM_PREFIX
 from kubeplex.backends.ebpf.loader import DRAINING
 from kubeplex.core.config.kubeproxy import load_config, with_overrides
@@ -152,11 +154,16 @@ def migrate(node: Node, to: str) -> Switch:
     return Switch(f"migrate --to {to}", doc["sync_ms"], elapsed, removed, draining)
 
 
-def reverse_path(left: list[str], draining: list[str]) -> list[str]:
+def not_draining(left: list[str]) -> list[str]:
     """Of what the ebpf mode left after a switch, what is not its draining reverse path (the
-    recvmsg and getpeername programs and the maps they read, which the switch listed)."""
+    recvmsg and getpeername programs, their pinned links and the maps they read)."""
     shown = {f"attached {PROGRAM_PREFIX}{p}" for p in REVERSE_PROGRAMS}
-    return [line for line in left if line not in draining and line not in shown]
+    pins = {*(f"links/{p}" for p in REVERSE_PROGRAMS), *REVERSE_MAPS}
+    return [
+        line
+        for line in left
+        if line not in shown and not any(line.endswith(f"/{PIN_FOLDER}/{pin}") for pin in pins)
+    ]
 
 
 def without_nodeports(manifests: Path) -> None:
@@ -169,13 +176,17 @@ def without_nodeports(manifests: Path) -> None:
     web.write_text(yaml.safe_dump_all(kept))
 
 
-def end_the_drain(node: Node, mode: str) -> Switch:
-    """The next switch cleanup once the drain's time is over (its start moved back by that
-    much): the reverse path goes too."""
+def drain_over(node: Node) -> None:
+    """Moves the drain's start back by its whole time."""
     marker = node.bpffs / PIN_FOLDER / DRAINING
     assert marker.is_dir(), "the switch left no drain"
     past = time.time() - DRAIN_SECONDS - 1
     os.utime(marker, (past, past))
+
+
+def end_the_drain(node: Node, mode: str) -> Switch:
+    """The next switch cleanup once the drain's time is over: the reverse path goes too."""
+    drain_over(node)
     return migrate(node, mode)
 
 
@@ -213,7 +224,7 @@ def test_migrate_into_and_out_of_ebpf_under_traffic(
             if mode == EBPF:
                 # Everything but the reverse path went; the reverse path drains.
                 assert switch.draining and set(switch.draining) <= set(found), found
-                found = reverse_path(found, switch.draining)
+                found = not_draining(found)
             else:
                 assert not switch.draining, switch.draining
             left[switch.step] = found
@@ -272,3 +283,69 @@ def report(
     if out:
         with Path(out).open("a") as f:
             f.write(text + "\n")
+
+
+def start_daemon(node: Node, tmp: Path, mode: str) -> subprocess.Popen[str]:
+    """``kubeplex run`` in ``mode`` on the node (what a restart with a new mode does), syncing
+    every 2 s so that its recheck of a drain comes soon."""
+    cfg = yaml.safe_load((LAB / "config.yaml").read_text())
+    cfg.update(mode=mode, iptables={"syncPeriod": "2s"}, nftables={"syncPeriod": "2s"})
+    cfg["healthzBindAddress"] = f"127.0.0.1:{free_port()}"
+    cfg["metricsBindAddress"] = f"127.0.0.1:{free_port()}"
+    config = tmp / f"config-{mode}.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    argv = [sys.executable, "-m", "kubeplex.core.cli.main", "run", "--plugins", str(node.trust)]
+    argv += ["--config", str(config), "--netns", node.netns, "--manifests", str(node.manifests)]
+    log = (tmp / f"daemon-{mode}.log").open("w")
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
+
+
+def stop_daemon(daemon: subprocess.Popen[str] | None) -> None:
+    if daemon is not None and daemon.poll() is None:
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=15) == 0
+
+
+def test_daemon_restarts_into_and_out_of_ebpf_under_traffic(node: Node, tmp_path: Path) -> None:
+    """nftables -> ebpf -> nftables by restarting the daemon with a new mode; the running
+    daemon removes the drained reverse path itself once the drain's time is over."""
+    first = kubeplex("run", "--once", "--proxy-mode", "nftables", *node.args())
+    assert first.returncode == 0, first.stderr
+    began = time.monotonic()
+    traffic = Traffic(node.lab, tmp_path, unconnected=True)
+    steps: list[tuple[str, float, float]] = []
+    left: dict[str, list[str]] = {}
+    daemon: subprocess.Popen[str] | None = None
+    try:
+        time.sleep(SETTLE)
+        for mode, old in ((EBPF, "nftables"), ("nftables", EBPF)):
+            name = f"daemon restart, mode {mode}"
+            t0 = time.monotonic()
+            stop_daemon(daemon)
+            daemon = start_daemon(node, tmp_path, mode)
+            wait_until(lambda o=old: not not_draining(left_of(node, o)), what=name)
+            time.sleep(SETTLE)
+            left[name] = not_draining(left_of(node, old))
+            assert left_of(node, mode), f"{name}: {mode} not programmed"
+            steps.append((name, t0, time.monotonic()))
+        # The reverse path stays while it drains, and the daemon removes it after.
+        assert left_of(node, EBPF)
+        drain_over(node)
+        wait_until(lambda: not left_of(node, EBPF), what="the end of the drain", timeout=30)
+    finally:
+        seen = traffic.stop() if all(p.poll() is None for p in traffic.procs) else None
+        traffic.kill()
+        stop_daemon(daemon)
+    assert seen is not None
+    rows = figures(seen, steps)
+    for row in rows:
+        row.leftovers = left[row.step]
+    lines = [f"daemon restarts, under traffic ({time.monotonic() - began:.1f} s):"]
+    text = "\n".join(lines + ["  " + r.row() for r in rows])
+    print(text)
+    assert all(not r.leftovers for r in rows), [(r.step, r.leftovers[:5]) for r in rows]
+    assert [r.new_failed for r in rows] == [0] * len(rows)
+    long = seen["long"]
+    assert all(f["broken"] is None and f["pod"] for f in long), long
+    assert [r.long_stalled for r in rows] == [0] * len(rows)
+    assert [(r.udp_lost, r.udp_moved, r.udp_wrong_source) for r in rows] == [(0, 0, 0)] * len(rows)
