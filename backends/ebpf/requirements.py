@@ -1,6 +1,6 @@
 """What a node lacks for the ebpf mode, each named: the bpf system call, a kernel with every hook
 the programs attach to, the cgroup2 and bpffs folders of the options, libbpf and the compiled
-programs."""
+programs, and nft (the entry points for traffic from other hosts: entry_nat.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import ctypes
 import errno
 import platform
 import re
+import shutil
 from pathlib import Path
 
 from kubeplex.backends.ebpf.loader import (
@@ -64,6 +65,7 @@ def missing(options: EbpfOptions, loader: Loader, release: str | None = None) ->
         _folder_missing(options.cgroup, CGROUP2_SUPER_MAGIC, "cgroup2"),
         _folder_missing(options.bpffs, BPF_FS_MAGIC, "bpffs"),
         loader.missing(),
+        None if shutil.which("nft") else "executable 'nft' not found in PATH",
     ):
         if reason:
             found.append(reason)

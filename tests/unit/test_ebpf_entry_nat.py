@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kits.render_kit import (
     LAB,
     NODE,
@@ -23,8 +24,10 @@ from kits.render_kit import (
     service,
 )
 
-from kubeplex.backends.ebpf import EbpfBackend
+from kubeplex.backends.ebpf import EbpfBackend, requirements
 from kubeplex.backends.ebpf.entry_nat import EntryNatRenderer, RecordedEntryNat, source_ranges
+from kubeplex.backends.ebpf.loader import Loader
+from kubeplex.backends.ebpf.options import EbpfOptions
 from kubeplex.backends.ebpf.render import EbpfRenderer, RenderSettings
 from kubeplex.core.dataplane.backend import BackendContext
 from kubeplex.core.model.cluster import ClusterState
@@ -238,3 +241,14 @@ def test_source_ranges_filter_only_the_other_hosts() -> None:
     text = EntryNatRenderer().render(cluster.checkout(full=True), ADDRESSES, full=True)
     assert "1.2.3.4 . tcp . 80 : goto firewall-FCBKHWL6-ns1/lb/tcp/p80," in text
     assert "tcp . 3005 : goto external-FCBKHWL6-ns1/lb/tcp/p80," in text
+
+
+def test_a_node_without_nft_lacks_a_requirement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options = EbpfOptions(cgroup=tmp_path, bpffs=tmp_path)
+    loader = Loader(tmp_path, object_path=tmp_path / "kubeplex_lb.bpf.o")
+    nft_missing = "executable 'nft' not found in PATH"
+    assert nft_missing not in requirements.missing(options, loader)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert nft_missing in requirements.missing(options, loader)
