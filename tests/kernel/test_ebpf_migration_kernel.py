@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -166,6 +167,21 @@ def not_draining(left: list[str]) -> list[str]:
     ]
 
 
+def no_harm(rows: list[StepFigures], seen: dict[str, Any]) -> None:
+    """Nothing of the old mode left after any step, no new connection failed, no long-lived
+    one broke or stalled, no UDP exchange was lost or answered from another address, and the
+    long-lived connections made in ebpf mode still see the Service while its reverse path
+    drains."""
+    assert all(not r.leftovers for r in rows), [(r.step, r.leftovers[:5]) for r in rows]
+    assert [r.new_failed for r in rows] == [0] * len(rows)
+    assert all(r.new_total > 0 for r in rows)
+    long = seen["long"]
+    assert all(f["broken"] is None and f["pod"] for f in long), long
+    assert [r.long_stalled for r in rows] == [0] * len(rows)
+    assert [(r.udp_lost, r.udp_moved, r.udp_wrong_source) for r in rows] == [(0, 0, 0)] * len(rows)
+    assert [f["peer"] for f in long] == [f["peer_end"] for f in long]
+
+
 def without_nodeports(manifests: Path) -> None:
     """Only ClusterIP Services left: the ebpf mode then has no entry point for other hosts,
     and the established flows NATed by the old mode must keep their NAT all the same."""
@@ -241,15 +257,7 @@ def test_migrate_into_and_out_of_ebpf_under_traffic(
     left_ebpf = EBPF in [start, *targets[:-1]] and targets[-1] != EBPF
     drained = end_the_drain(node, mode) if left_ebpf else None
     report(start, rows, switches, seen, time.monotonic() - began, nodeports, drained)
-    assert all(not r.leftovers for r in rows), [(r.step, r.leftovers[:5]) for r in rows]
-    assert [r.new_failed for r in rows] == [0] * len(rows)
-    assert all(r.new_total > 0 for r in rows)
-    long = seen["long"]
-    assert all(f["broken"] is None and f["pod"] for f in long), long
-    assert [r.long_stalled for r in rows] == [0] * len(rows)
-    assert [(r.udp_lost, r.udp_moved, r.udp_wrong_source) for r in rows] == [(0, 0, 0)] * len(rows)
-    # While the reverse path drains, connections made in ebpf mode still see the Service.
-    assert [f["peer"] for f in long] == [f["peer_end"] for f in long]
+    no_harm(rows, seen)
     if drained is not None:
         assert set(drained.removed) >= set(switches[-1].draining) and not drained.draining
         assert left_of(node, EBPF) == []
@@ -343,9 +351,4 @@ def test_daemon_restarts_into_and_out_of_ebpf_under_traffic(node: Node, tmp_path
     lines = [f"daemon restarts, under traffic ({time.monotonic() - began:.1f} s):"]
     text = "\n".join(lines + ["  " + r.row() for r in rows])
     print(text)
-    assert all(not r.leftovers for r in rows), [(r.step, r.leftovers[:5]) for r in rows]
-    assert [r.new_failed for r in rows] == [0] * len(rows)
-    long = seen["long"]
-    assert all(f["broken"] is None and f["pod"] for f in long), long
-    assert [r.long_stalled for r in rows] == [0] * len(rows)
-    assert [(r.udp_lost, r.udp_moved, r.udp_wrong_source) for r in rows] == [(0, 0, 0)] * len(rows)
+    no_harm(rows, seen)
