@@ -213,8 +213,16 @@ def end_the_drain(node: Node, mode: str) -> Switch:
         ("iptables", [EBPF], True),
         (EBPF, ["nftables"], True),
         ("nftables", [EBPF], False),
+        # Back while the reverse path still drains: the mode adopts it.
+        (EBPF, ["nftables", EBPF], True),
     ],
-    ids=["nftables-ebpf-nftables", "iptables-ebpf", "ebpf-nftables", "clusterip-only"],
+    ids=[
+        "nftables-ebpf-nftables",
+        "iptables-ebpf",
+        "ebpf-nftables",
+        "clusterip-only",
+        "ebpf-nftables-ebpf",
+    ],
 )
 def test_migrate_into_and_out_of_ebpf_under_traffic(
     node: Node, tmp_path: Path, start: str, targets: list[str], nodeports: bool
@@ -255,6 +263,8 @@ def test_migrate_into_and_out_of_ebpf_under_traffic(
     for row in rows:
         row.leftovers = left[row.step]
     left_ebpf = EBPF in [start, *targets[:-1]] and targets[-1] != EBPF
+    if targets[-1] == EBPF:  # back in the mode: no drain goes on (a later one starts anew)
+        assert not (node.bpffs / PIN_FOLDER / DRAINING).exists()
     drained = end_the_drain(node, mode) if left_ebpf else None
     report(start, rows, switches, seen, time.monotonic() - began, nodeports, drained)
     no_harm(rows, seen)
