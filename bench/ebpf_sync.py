@@ -276,7 +276,9 @@ def main() -> None:
         sys.exit("needs root (bpffs mounts, cgroup2 folders, bpf(2))")
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(s) for s in args.sizes.split(",")):
-            print(report(bench_size(n, args.repeat, Path(tmp))), flush=True)
+            line = report(bench_size(n, args.repeat, Path(tmp)))
+            load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+            print(f"{line} | load average after: {load}", flush=True)
 
 
 if __name__ == "__main__":
