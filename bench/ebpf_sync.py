@@ -1,10 +1,13 @@
 """ebpf mode: sync times at 1,000 and 10,000 Services x 10 endpoints, against the map-update floor.
 
 Prints, for each size, in one run (root; the programs are attached to a cgroup2 folder of the
-bench's own, never the node's root cgroup, and the maps pinned on bpffs mounts of its own):
+bench's own, never the node's root cgroup, the maps pinned on bpffs mounts of its own, and the
+mode's nftables table for entry points reached from other hosts written in a throw-away
+network namespace):
 * the first full sync after a start, into empty pinned maps: the dump of the maps, the
-  render (graph to map operations) and the apply (one bpf(2) update per operation), each
-  timed, and their total (median of --repeat starts, each on a fresh bpffs);
+  render (graph to map operations) and the apply (one bpf(2) update per operation, and the
+  nftables transaction of the entry points), each timed, and their total (median of
+  --repeat starts, each on a fresh bpffs);
 * a periodic full sync with nothing changed (dump, render, diff: no operation sent);
 * a one-endpoint partial sync (render + apply of the changed Service's entries, median of
   several), and the operations it sent;
@@ -33,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from common import NODE, cluster
+from common import NODE, Netns, cluster
 from common import config as config_text
 
 from kubeplex.backends.ebpf import EbpfBackend, libbpf
@@ -41,8 +44,9 @@ from kubeplex.backends.ebpf.layout import PIN_FOLDER
 from kubeplex.backends.ebpf.loader import Loader
 from kubeplex.backends.ebpf.options import cgroup2_root
 from kubeplex.backends.ebpf.plan import RENDERED_MAPS, EbpfPlan, MapOp
-from kubeplex.core.config.kubeproxy import DEFAULT_KNOWN_MODES, parse_config
+from kubeplex.core.config.kubeproxy import parse_config
 from kubeplex.core.daemon.proxier import collector_paused
+from kubeplex.core.dataplane import plugins
 from kubeplex.core.dataplane.backend import BackendContext
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.types import IPFamily
@@ -72,11 +76,13 @@ def own_bpffs() -> Iterator[Path]:
         folder.rmdir()
 
 
-def backend_on(bpffs: Path, cgroup: Path) -> EbpfBackend:
-    """The mode's backend, attached to ``cgroup`` and pinned on ``bpffs``."""
-    cfg = parse_config(config_text("ebpf"), "bench", (*DEFAULT_KNOWN_MODES, "ebpf"))
+def backend_on(bpffs: Path, cgroup: Path, ns: str) -> EbpfBackend:
+    """The mode's backend, attached to ``cgroup`` and pinned on ``bpffs``; its nftables table
+    for the entry points reached from other hosts goes into the namespace ``ns``."""
+    cfg = parse_config(config_text("ebpf"), "bench", plugins.known_modes())
     options = {"bpffs": str(bpffs), "cgroup": str(cgroup)}
-    backend = EbpfBackend(BackendContext(cfg, NODE, families=(IPFamily.IPv4,)), options)
+    ctx = BackendContext(cfg, NODE, families=(IPFamily.IPv4,), netns=ns)
+    backend = EbpfBackend(ctx, options)
     backend.prepare()
     return backend
 
@@ -190,10 +196,10 @@ def median(runs: list[dict[str, Any]], key: str) -> float:
 def bench_size(n: int, repeat: int, work: Path) -> dict[str, Any]:
     state = cluster_state(n)
     firsts: list[dict[str, Any]] = []
-    with own_cgroup() as cgroup:
+    with own_cgroup() as cgroup, Netns() as ns:
         for i in range(repeat):
             with own_bpffs() as bpffs:
-                backend = backend_on(bpffs, cgroup)
+                backend = backend_on(bpffs, cgroup, ns)
                 firsts.append(timed_sync(backend, state, full=True))
                 if i < repeat - 1:
                     backend.cleanup()
@@ -218,7 +224,7 @@ def bench_size(n: int, repeat: int, work: Path) -> dict[str, Any]:
         for _ in range(repeat):
             for kind in floors:
                 with own_bpffs() as bpffs:
-                    backend = backend_on(bpffs, cgroup)
+                    backend = backend_on(bpffs, cgroup, ns)
                     backend.kernel.close()  # (the floor opens its own fds)
                     if kind == "bpftool":
                         floors[kind].append(bpftool_batch(bpffs, ops, work))
