@@ -33,6 +33,7 @@ from typing import Any
 
 from kubeplex.core.daemon.proxier import collector_paused
 from kubeplex.core.dataplane import plugins
+from kubeplex.testing import labkernel
 from kubeplex.testing.dataplane import DataplaneCluster, cluster, endpoint, endpoint_slice, service
 from kubeplex.testing.netlab import CLIENT_POD, NODE1, NODE2, WEB_A
 
@@ -108,12 +109,12 @@ def measured(c: DataplaneCluster) -> list[dict[str, Any]]:
 
 @contextmanager
 def sink(c: DataplaneCluster) -> Iterator[None]:
-    """The bulk sink, listening on web-a's BULK_PORT."""
-    ns = c.lab.namespace_of(WEB_A)
+    """The bulk sink, listening on web-a's BULK_PORT (in its node's cgroup, as the pod's
+    server)."""
+    argv = ["ip", "netns", "exec", c.lab.namespace_of(WEB_A)]
+    argv += [sys.executable, "-c", SINK, str(BULK_PORT)]
     proc = subprocess.Popen(
-        ["ip", "netns", "exec", ns, sys.executable, "-c", SINK, str(BULK_PORT)],
-        stdout=subprocess.PIPE,
-        text=True,
+        labkernel.in_cgroup(c.lab.cgroup_of(WEB_A), argv), stdout=subprocess.PIPE, text=True
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
