@@ -13,8 +13,10 @@ program sees its connections), alternate, request by request:
 * the same to web-a's address and port, routed through node1 (the floor: what a request
   costs with no translation at all);
 and print the median and p99 of each. The difference between the two is the most a tc BPF
-entry point (or any other translation) could save. Also printed: the first full sync's time
-and a one-endpoint partial sync's (median of five).
+entry point could save over the kernel NAT while conntrack tracks the node's traffic anyway;
+the floor measured again in blocks with node1's netfilter tables flushed (so conntrack tracks
+nothing) against blocks with them says what one that also does without conntrack could.
+Also printed: the first full sync's time and a one-endpoint partial sync's (median of five).
 
 Usage: python bench/ebpf_entry_points.py [--sizes 1,1000,10000] [--requests 2000]
        [--modes ebpf] [--rounds 1]
@@ -120,6 +122,20 @@ def measure(mode: str, n: int, requests: int) -> dict[str, float]:
         result: dict[str, float] = json.loads(out.stdout)
         result["program_s"] = programmed
         result["partial_ms"] = statistics.median(partial) * 1000
+        # The floor again, in blocks, with node1's tables and without any (no conntrack).
+        floors: dict[str, list[float]] = {"tables": [], "bare": []}
+        pods = [pod, str(HTTP_PORT)] * 2
+        block = [*argv[:3], *pods, str(max(requests // 6, 50))]
+        for _ in range(3):
+            for kind in ("tables", "bare"):
+                if kind == "bare":
+                    c.lab.exec(NODE1, ["nft", "flush", "ruleset"])
+                out = c.lab.exec(EXTERNAL, block, timeout=600)
+                floors[kind].append(json.loads(out.stdout)["entry_connect_median_us"])
+            agent.backend.invalidate()
+            assert agent.sync(full=True), agent.last_error
+        result["floor_tables_us"] = statistics.median(floors["tables"])
+        result["floor_bare_us"] = statistics.median(floors["bare"])
         return result
 
 
@@ -147,6 +163,8 @@ def main() -> None:
                     f" | floor {r['floor_request_median_us']:6.1f} us"
                     f" p99 {r['floor_request_p99_us']:6.1f} | programmed in"
                     f" {r['program_s']:.2f} s, one-endpoint partial sync {r['partial_ms']:.0f} ms"
+                    f" | floor connect in blocks {r['floor_tables_us']:.1f} us, without any"
+                    f" netfilter table {r['floor_bare_us']:.1f} us"
                     f" | load {load:.2f}",
                     flush=True,
                 )
