@@ -6,15 +6,16 @@ with N Services x 10 endpoints (only the measured Service's endpoint is live: we
 Then, in rounds, each mode in turn (the first to go rotating), from the client pod (a process
 of node1's cgroup, where the ebpf mode translates at the socket):
 * C / R TCP connects to the measured ClusterIP, the connect call alone timed (median, p99 of
-  all C);
-* one transfer of B MB to a sink on web-a through the ClusterIP's second port (median MB/s);
+  all C: many short rounds, so that a burst of the machine's other work weighs on few);
+* in the first T rounds, one transfer of B MB to a sink on web-a through the ClusterIP's
+  second port (median MB/s);
 and, at the end, the entries node1's conntrack holds, and those NATed, after these connections
 and 100 more started on node1 itself. Turns spread the machine's load over every mode alike.
 The measured Service sorts last, so in iptables mode its KUBE-SERVICES rule is the last one a
 packet is matched against.
 
 Usage: python bench/datapath_latency.py [--modes ebpf,nftables,iptables] [--sizes 1,1000,10000]
-       [--connects 3000] [--bulk-mb 200] [--rounds 5]
+       [--connects 3000] [--rounds 20] [--bulk-mb 200] [--transfers 5]
 """
 
 from __future__ import annotations
@@ -159,8 +160,10 @@ class Run:
         py = sys.executable
         out = self.lab.lab.exec(CLIENT_POD, [py, "-c", PROBE, MEASURED_IP, "80", str(connects)])
         self.connects_us += json.loads(out.stdout)
-        argv = [py, "-c", BULK, MEASURED_IP, str(BULK_PORT), str(bulk_mb)]
-        self.bulk_mb_s.append(json.loads(self.lab.lab.exec(CLIENT_POD, argv).stdout)["mb_s"])
+        if bulk_mb:
+            argv = [py, "-c", BULK, MEASURED_IP, str(BULK_PORT), str(bulk_mb)]
+            out = self.lab.lab.exec(CLIENT_POD, argv)
+            self.bulk_mb_s.append(json.loads(out.stdout)["mb_s"])
 
     def report(self, n: int) -> str:
         times = sorted(self.connects_us)
@@ -187,14 +190,16 @@ def programmed(stack: ExitStack, mode: str, n: int) -> Run:
     return Run(mode, c, time.perf_counter() - start)
 
 
-def measure(modes: list[str], n: int, connects: int, bulk_mb: int, rounds: int) -> list[Run]:
+def measure(
+    modes: list[str], n: int, connects: int, rounds: int, bulk_mb: int, transfers: int
+) -> list[Run]:
     """Every mode's lab up at once, probed in turns (the first to go rotating each round), so
     that the machine's load weighs on every mode alike."""
     with ExitStack() as stack:
         runs = [programmed(stack, mode, n) for mode in modes]
         for r in range(rounds):
             for run in runs[r % len(runs) :] + runs[: r % len(runs)]:
-                run.probe(connects // rounds, bulk_mb)
+                run.probe(connects // rounds, bulk_mb if r < transfers else 0)
         for run in runs:
             # Connections started on node1 itself (its host network), besides its pod's.
             run.lab.lab.exec(NODE1, [sys.executable, "-c", PROBE, MEASURED_IP, "80", "100"])
@@ -207,8 +212,9 @@ def main() -> None:
     p.add_argument("--modes", default="ebpf,nftables,iptables")
     p.add_argument("--sizes", default="1,1000,10000")
     p.add_argument("--connects", type=int, default=3000, help="per mode and size")
-    p.add_argument("--bulk-mb", type=int, default=200, help="per transfer, one per round")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--bulk-mb", type=int, default=200, help="per transfer")
+    p.add_argument("--transfers", type=int, default=5, help="one in each of the first rounds")
     args = p.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
@@ -217,7 +223,7 @@ def main() -> None:
     if len(modes) < len(wanted):
         print(f"not installed: {', '.join(m for m in wanted if m not in modes)}", flush=True)
     for n in (int(s) for s in args.sizes.split(",")):
-        runs = measure(modes, n, args.connects, args.bulk_mb, args.rounds)
+        runs = measure(modes, n, args.connects, args.rounds, args.bulk_mb, args.transfers)
         load = " ".join(f"{x:.2f}" for x in os.getloadavg())
         print(f"-- {n} services, load average after: {load}", flush=True)
         for run in runs:
