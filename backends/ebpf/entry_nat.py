@@ -23,7 +23,8 @@ Per Service port and family, as upstream's external destinations:
 
 A full sync replaces the tables in one transaction (created, deleted, written again), which
 reconciles whatever they held; a partial sync sends only the changed chains and elements, in
-one transaction too. Session affinity is not applied to these flows yet.
+one transaction too. A family without any such entry point has no table. Session affinity is
+not applied to these flows yet.
 """
 
 from __future__ import annotations
@@ -166,13 +167,18 @@ def _elements(taken: dict[str, str]) -> str:
     return "    elements = {\n" + listed + "    }\n"
 
 
+def absent(family: IPFamily) -> str:
+    """The transaction that leaves no table of the mode (whether there was one or not)."""
+    kind = FAMILIES[family]
+    return f"add table {kind} {TABLE}\ndelete table {kind} {TABLE}\n"
+
+
 def table(family: IPFamily, tables: Tables) -> str:
     """One family's table, as ``nft -f`` reads it, replacing whatever it held."""
     kind, addr_type = FAMILIES[family], _ADDR_TYPES[family]
     addr = "ip" if family is IPFamily.IPv4 else "ip6"
     ips = tables.nodeport_ips
-    out = [f"add table {kind} {TABLE}\ndelete table {kind} {TABLE}\n"]
-    out.append(f"table {kind} {TABLE} {{\n")
+    out = [absent(family), f"table {kind} {TABLE} {{\n"]
     out.append(f"  set nodeport-ips {{\n    type {addr_type}\n")
     out.append(f"    elements = {{ {', '.join(ips)} }}\n  }}\n" if ips else "  }\n")
     out.append(
@@ -267,7 +273,11 @@ class EntryNatRenderer:
             wanted = Tables.of((kept[name] for name in sorted(kept)), ips)
             self.pending[family] = wanted
             held = self.held.get(family) if self.held is not None else None
-            if full or held is None or held.nodeport_ips != ips:
+            if not wanted.chains:
+                # Nothing to hold: no table, so no NAT hook (and no conntrack) on the node.
+                if full or held is None or held.chains:
+                    out.append(absent(family))
+            elif full or held is None or not held.chains or held.nodeport_ips != ips:
                 out.append(table(family, wanted))
             else:
                 out.append(changes(family, held, wanted))

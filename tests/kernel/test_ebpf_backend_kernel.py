@@ -44,6 +44,12 @@ def setup() -> Iterator[tuple[Path, Path]]:
         yield bpffs, cgroup
 
 
+def context(netns: str) -> BackendContext:
+    """The node's context: its nftables (the entry points of traffic from other hosts) are
+    the test namespace's."""
+    return BackendContext(config({"mode": "nftables"}), NODE, netns=netns)
+
+
 def seed_cluster() -> ClusterState:
     cluster = ClusterState(NODE, (IPFamily.IPv4, IPFamily.IPv6))
     source = ManifestSource(LAB / "manifests", cluster)
@@ -77,7 +83,7 @@ def test_the_seed_lab_synced_serves_web_then_a_partial_sync_then_nothing_left(
 ) -> None:
     bpffs, cgroup = setup
     options = {"bpffs": str(bpffs), "cgroup": str(cgroup)}
-    backend = EbpfBackend(BackendContext(config({"mode": "nftables"}), NODE), options=options)
+    backend = EbpfBackend(context(web_pods), options=options)
     assert backend.missing_requirements() == []
     cluster = seed_cluster()
 
@@ -100,7 +106,7 @@ def test_the_seed_lab_synced_serves_web_then_a_partial_sync_then_nothing_left(
     assert landed(web_pods, cgroup) == set(PODS[:2])
 
     # A second start adopts the pins, and its full sync against the dump sends nothing.
-    again = EbpfBackend(BackendContext(config({"mode": "nftables"}), NODE), options=options)
+    again = EbpfBackend(context(web_pods), options=options)
     again.prepare()
     assert isinstance(again.kernel, PinnedMaps)
     assert again.render(cluster.checkout(full=True), again.observe(state)).ops == ()

@@ -45,9 +45,9 @@ def setup(netns: str) -> Iterator[tuple[Path, Path, str]]:
         yield bpffs, cgroup, netns
 
 
-def backend_on(bpffs: Path, cgroup: Path) -> EbpfBackend:
+def backend_on(bpffs: Path, cgroup: Path, netns: str) -> EbpfBackend:
     options = {"bpffs": str(bpffs), "cgroup": str(cgroup)}
-    ctx = BackendContext(config({"mode": "nftables"}), NODE, families=(IPFamily.IPv4,))
+    ctx = BackendContext(config({"mode": "nftables"}), NODE, (IPFamily.IPv4,), netns=netns)
     backend = EbpfBackend(ctx, options=options)
     backend.prepare()
     return backend
@@ -81,7 +81,7 @@ def test_a_dual_stack_socket_reaches_an_ipv4_service_by_its_mapped_address(
     setup: tuple[Path, Path, str],
 ) -> None:
     bpffs, cgroup, netns = setup
-    backend = backend_on(bpffs, cgroup)
+    backend = backend_on(bpffs, cgroup, netns)
     assert not backend.sync(web(PODS[:1]).checkout(full=True)).failed
     # TCP: connect6 translates, getpeername6 shows the Service, both IPv4-mapped.
     assert client(netns, cgroup, MAPPED, 80, "tcp") == {"data": PODS[0], "peer": [MAPPED, 80]}
@@ -102,7 +102,7 @@ def test_affinity_follows_an_endpoint_moved_to_another_slot(
     setup: tuple[Path, Path, str],
 ) -> None:
     bpffs, cgroup, netns = setup
-    backend = backend_on(bpffs, cgroup)
+    backend = backend_on(bpffs, cgroup, netns)
     cluster = web(PODS, sessionAffinity="ClientIP")
     backend.sync(cluster.checkout(full=True))
     svc_id = next(
@@ -204,7 +204,7 @@ def test_a_drain_keeps_the_reverse_path_for_replies_and_getpeername_then_it_goes
     setup: tuple[Path, Path, str],
 ) -> None:
     bpffs, cgroup, netns = setup
-    backend = backend_on(bpffs, cgroup)
+    backend = backend_on(bpffs, cgroup, netns)
     backend.sync(web(PODS[:1]).checkout(full=True))
     join = f"echo $$ > {cgroup / 'cgroup.procs'} && "
     waiting = subprocess.Popen(
@@ -251,11 +251,11 @@ def test_a_drain_keeps_the_reverse_path_for_replies_and_getpeername_then_it_goes
 
 def test_a_start_after_a_drain_takes_the_mode_back(setup: tuple[Path, Path, str]) -> None:
     bpffs, cgroup, netns = setup
-    backend = backend_on(bpffs, cgroup)
+    backend = backend_on(bpffs, cgroup, netns)
     cluster = web(PODS[:1])
     backend.sync(cluster.checkout(full=True))
     backend.cleanup(drain=True)
-    back = backend_on(bpffs, cgroup)
+    back = backend_on(bpffs, cgroup, netns)
     assert not (bpffs / "kubeplex" / DRAINING).exists()
     back.sync(cluster.checkout(full=True))
     assert client(netns, cgroup, SERVICE, 80, "tcp") == {"data": PODS[0], "peer": [SERVICE, 80]}

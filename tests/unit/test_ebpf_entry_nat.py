@@ -193,6 +193,29 @@ def test_a_partial_render_sends_the_changes_of_the_changed_service_ports() -> No
     assert renderer.render(cluster.checkout(), ADDRESSES, full=False).startswith("add table ")
 
 
+def test_no_table_where_no_service_port_has_an_external_entry_point() -> None:
+    """No NAT hook, so no conntrack, on a node whose Services are reached at the socket only."""
+    cluster = cluster_of([node_obj(), web_with_cluster_ip_only()])
+    renderer = EntryNatRenderer()
+    absent = "add table ip kubeplex-ebpf\ndelete table ip kubeplex-ebpf\n"
+    assert renderer.render(cluster.checkout(full=True), ADDRESSES, full=True) == absent
+    renderer.committed()
+    cluster.set_service(web_with_external_ip())
+    assert renderer.render(cluster.checkout(), ADDRESSES, full=False).startswith(
+        absent + "table ip kubeplex-ebpf {\n"
+    )
+    renderer.committed()
+    cluster.delete_service("ns1", "new")
+    assert renderer.render(cluster.checkout(), ADDRESSES, full=False) == absent
+    renderer.committed()
+    cluster.set_service(web_with_cluster_ip_only("other"))
+    assert renderer.render(cluster.checkout(), ADDRESSES, full=False) == ""
+
+
+def web_with_cluster_ip_only(name: str = "inside") -> dict[str, Any]:
+    return service("ns1", name, "172.30.0.47", [port()])
+
+
 def web_with_external_ip() -> dict[str, Any]:
     return service("ns1", "new", "172.30.0.48", [port()], externalIPs=["192.168.99.12"])
 
