@@ -150,7 +150,7 @@ class Run:
     """One mode's lab, programmed with the size's Services, and what was measured in it."""
 
     mode: str
-    lab: DataplaneCluster
+    dataplane: DataplaneCluster
     program_s: float
     connects_us: list[float] = field(default_factory=list)
     bulk_mb_s: list[float] = field(default_factory=list)
@@ -158,11 +158,13 @@ class Run:
 
     def probe(self, connects: int, bulk_mb: int) -> None:
         py = sys.executable
-        out = self.lab.lab.exec(CLIENT_POD, [py, "-c", PROBE, MEASURED_IP, "80", str(connects)])
+        out = self.dataplane.lab.exec(
+            CLIENT_POD, [py, "-c", PROBE, MEASURED_IP, "80", str(connects)]
+        )
         self.connects_us += json.loads(out.stdout)
         if bulk_mb:
             argv = [py, "-c", BULK, MEASURED_IP, str(BULK_PORT), str(bulk_mb)]
-            out = self.lab.lab.exec(CLIENT_POD, argv)
+            out = self.dataplane.lab.exec(CLIENT_POD, argv)
             self.bulk_mb_s.append(json.loads(out.stdout)["mb_s"])
 
     def report(self, n: int) -> str:
@@ -202,8 +204,8 @@ def measure(
                 run.probe(connects // rounds, bulk_mb if r < transfers else 0)
         for run in runs:
             # Connections started on node1 itself (its host network), besides its pod's.
-            run.lab.lab.exec(NODE1, [sys.executable, "-c", PROBE, MEASURED_IP, "80", "100"])
-            run.conntrack = conntrack_entries(run.lab, NODE1)
+            run.dataplane.lab.exec(NODE1, [sys.executable, "-c", PROBE, MEASURED_IP, "80", "100"])
+            run.conntrack = conntrack_entries(run.dataplane, NODE1)
         return runs
 
 
