@@ -87,16 +87,11 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
         super().__init__(ctx)
         self.renderer = EbpfRenderer()
         self.entries = entry_nat.EntryNatRenderer()
-        #: Where the entry points for traffic from other hosts are written (in memory next
-        #: to a fake map seam).
-        self.entry_tables: entry_nat.EntryNatSeam = entry_nat.RecordedEntryNat()
-        if ctx.kernel is None:
-            self.entry_tables = entry_nat.NodeEntryNat(ctx.netns)
 
     def real_kernel(self) -> MapSeam:
         # No map is open until prepare (or an observe that finds them pinned): the
         # construction of a backend for `kubeplex render` touches nothing.
-        return PinnedMaps({})
+        return PinnedMaps({}, self.ctx.netns)
 
     def missing_requirements(self) -> list[str]:
         return requirements.missing(self.options, self.loader)
@@ -129,11 +124,13 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
 
     def observe(self, state: ProxyState) -> MapDump | None:
         """A full sync's dump of the maps the render writes, and of the affinity entries (it
-        deletes those of Services gone; None: no maps pinned yet); a partial sync reads
-        nothing."""
+        deletes those of Services gone; None: no maps pinned yet), and whether conntrack holds
+        NATed flows (entry_nat.py keeps their NAT); a partial sync reads nothing."""
         self._settle(state)
         if not (self.renderer.force_full or state.is_full()):
             return None
+        families = ["ipv6" if f is IPFamily.IPv6 else "ipv4" for f in self.ctx.families]
+        self.entries.nat_flows = self.kernel.nat_flows(families)
         self._open_pinned()
         try:
             return {name: self.kernel.dump(name) for name in OBSERVED_MAPS}
@@ -161,7 +158,7 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
         except OSError as err:
             self.renderer.invalidate()
             raise BackendError(f"ebpf: the maps refused the plan: {err}") from err
-        entry_nat.send(plan, self.entries, self.entry_tables)
+        entry_nat.send(plan, self.entries, self.kernel)
         updates = sum(op.value is not None for op in plan.ops)
         return SyncResult(
             full=plan.full,
@@ -202,12 +199,18 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
     def leftovers(self) -> list[str]:
         """What is pinned, every entry of the rendered maps (so a Service left behind shows),
         and the entry-point tables."""
+        pinned = self.loader.leftovers()
+        if not pinned and isinstance(self.kernel, PinnedMaps) and self.kernel.maps:
+            # Unpinned by another start's cleanup: the maps this one still holds open are
+            # reachable by nobody else and go when it closes them.
+            self.kernel.close()
+            self.kernel.maps = {}
         try:
             self._open_pinned()
             held = held_entries(self.kernel)
         except (LoaderError, OSError, LibbpfMissing):
             held = []  # (the pins above still show)
-        return self.loader.leftovers() + held + entry_nat.leftovers(self.entry_tables)
+        return pinned + held + entry_nat.leftovers(self.kernel)
 
     def cleanup(self, keep: Collection[str] = (), drain: bool = False) -> CleanupReport:
         """Detaches and unpins everything of the mode (the maps go with their last pin).
@@ -227,7 +230,7 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
                 removed, draining = self.loader.cleanup(), []
         except OSError as err:
             raise BackendError(f"ebpf: cleanup of {self.loader.folder}: {err}") from err
-        removed += held + entry_nat.remove(self.entry_tables)
+        removed += held + entry_nat.remove(self.kernel)
         self.renderer = EbpfRenderer(self.renderer.settings)
         self.entries = entry_nat.EntryNatRenderer()
         return CleanupReport(MODE, removed=tuple(removed), draining=tuple(draining))

@@ -33,11 +33,9 @@ import dataclasses
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
 
-from kubeplex.backends.ebpf.plan import EbpfPlan
+from kubeplex.backends.ebpf.plan import EbpfPlan, MapSeam
 from kubeplex.backends.ebpf.render import RenderSettings
-from kubeplex.backends.netfilter import nft
 from kubeplex.backends.netfilter.hashing import cached_base
 from kubeplex.backends.netfilter.marks import masquerade_mark
 from kubeplex.core.model.errors import BackendError
@@ -243,6 +241,11 @@ class EntryNatRenderer:
         self.held: dict[IPFamily, Tables] | None = None
         #: What they hold once the last rendered transaction is committed.
         self.pending: dict[IPFamily, Tables] = {}
+        #: The node holds NATed flows (a netfilter mode's before a switch to this one, or of
+        #: an entry point gone): the kernel applies their NAT only while a nat chain with a
+        #: NAT rule is there, so a table stays, even without entry points, until a full
+        #: sync finds none left.
+        self.nat_flows = False
 
     def invalidate(self) -> None:
         self.held = None
@@ -273,66 +276,17 @@ class EntryNatRenderer:
             wanted = Tables.of((kept[name] for name in sorted(kept)), ips)
             self.pending[family] = wanted
             held = self.held.get(family) if self.held is not None else None
-            if not wanted.chains:
+            if not wanted.chains and not self.nat_flows:
                 # Nothing to hold: no table, so no NAT hook (and no conntrack) on the node.
                 if full or held is None or held.chains:
                     out.append(absent(family))
-            elif full or held is None or not held.chains or held.nodeport_ips != ips:
+            elif full or held is None or held.nodeport_ips != ips:
                 out.append(table(family, wanted))
-            else:
+            elif not held.chains and wanted.chains:
+                out.append(table(family, wanted))  # (none was there, or one kept empty)
+            elif held.chains or wanted.chains:
                 out.append(changes(family, held, wanted))
         return "".join(out)
-
-
-class EntryNatSeam(Protocol):
-    """Where the tables are written: the node's nftables, or an in-memory record."""
-
-    writes: ClassVar[tuple[str, ...]]
-
-    def run(self, text: str) -> None:
-        """Commit ``text`` as one transaction (BackendError if refused: nothing changes)."""
-
-    def tables(self) -> list[tuple[str, str]]:
-        """The (family, name) of every table there."""
-        return []
-
-
-class NodeEntryNat:
-    """The node's nftables, in ``netns``, through ``nft -f``."""
-
-    writes: ClassVar[tuple[str, ...]] = ("run",)
-
-    def __init__(self, netns: str | None) -> None:
-        self.netns = netns
-
-    def run(self, text: str) -> None:
-        nft.run_transaction(text, self.netns)
-
-    def tables(self) -> list[tuple[str, str]]:
-        return nft.tables(self.netns)
-
-
-class RecordedEntryNat:
-    """What the tables would hold, in memory (next to a fake map seam): every transaction
-    in ``sent``; the tables of the mode present after a write, gone after a delete."""
-
-    writes: ClassVar[tuple[str, ...]] = ("run",)
-
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-        self.present: set[tuple[str, str]] = set()
-
-    def run(self, text: str) -> None:
-        self.sent.append(text)
-        for line in text.splitlines():
-            words = line.split()
-            if words[:1] == ["table"] and len(words) >= 3:
-                self.present.add((words[1], words[2]))
-            elif words[:2] == ["delete", "table"] and len(words) == 4:
-                self.present.discard((words[2], words[3]))
-
-    def tables(self) -> list[tuple[str, str]]:
-        return sorted(self.present)
 
 
 # --- what the backend calls ---------------------------------------------------------------
@@ -348,16 +302,16 @@ def joined(
     return dataclasses.replace(plan, entry_nat=text) if text else plan
 
 
-def send(plan: EbpfPlan, renderer: EntryNatRenderer, seam: EntryNatSeam) -> None:
+def send(plan: EbpfPlan, renderer: EntryNatRenderer, seam: MapSeam) -> None:
     """Commit the plan's transaction (BackendError if refused: the next render is whole)."""
     if not plan.entry_nat:
         return
     renderer.invalidate()
-    seam.run(plan.entry_nat)
+    seam.transact(plan.entry_nat)
     renderer.committed()
 
 
-def _present(seam: EntryNatSeam) -> list[tuple[str, str]]:
+def _present(seam: MapSeam) -> list[tuple[str, str]]:
     """The mode's tables the seam holds (none where nft cannot be run)."""
     try:
         return [(kind, name) for kind, name in seam.tables() if name == TABLE]
@@ -365,13 +319,13 @@ def _present(seam: EntryNatSeam) -> list[tuple[str, str]]:
         return []
 
 
-def leftovers(seam: EntryNatSeam) -> list[str]:
+def leftovers(seam: MapSeam) -> list[str]:
     return [f"nftables table {kind} {name}" for kind, name in _present(seam)]
 
 
-def remove(seam: EntryNatSeam) -> list[str]:
+def remove(seam: MapSeam) -> list[str]:
     """Deletes the mode's tables; says which."""
     found = _present(seam)
     if found:
-        seam.run("".join(f"delete table {kind} {name}\n" for kind, name in found))
+        seam.transact("".join(f"delete table {kind} {name}\n" for kind, name in found))
     return [f"nftables table {kind} {name}" for kind, name in found]

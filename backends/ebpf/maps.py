@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import ClassVar
 
 from kubeplex.backends.ebpf import libbpf
 from kubeplex.backends.ebpf.loader import BpfMap
+from kubeplex.backends.netfilter import nft
+from kubeplex.core.dataplane import execer
+from kubeplex.core.model.errors import BackendError
 
 
 def _refuse(code: int, what: str) -> OSError:
@@ -24,13 +27,15 @@ def _refuse(code: int, what: str) -> OSError:
 
 
 class PinnedMaps:
-    """The ``MapSeam`` (update, delete, dump) and lookup over the maps a loader opened."""
+    """The ``MapSeam`` over the maps a loader opened, and the node's nftables (in ``netns``)
+    for the tables of entry points from other hosts."""
 
     #: The methods apply writes through (the contract's ``writes``).
-    writes: ClassVar[tuple[str, ...]] = ("update", "delete")
+    writes: ClassVar[tuple[str, ...]] = ("update", "delete", "transact")
 
-    def __init__(self, maps: Mapping[str, BpfMap]) -> None:
+    def __init__(self, maps: Mapping[str, BpfMap], netns: str | None = None) -> None:
         self.maps = dict(maps)
+        self.netns = netns
         #: The maps whose batch lookup was refused: dumped key by key.
         self.no_batch: set[str] = set()
 
@@ -61,6 +66,24 @@ class PinnedMaps:
         """Remove ``key``; ENOENT when it is not there."""
         if not self._keyed(name, key).delete(key):
             raise _refuse(errno.ENOENT, f"{name}: key {key.hex()}")
+
+    def transact(self, text: str) -> None:
+        """Commits ``text`` with ``nft -f`` in the node's namespace (BackendError if refused)."""
+        nft.run_transaction(text, self.netns)
+
+    def tables(self) -> list[tuple[str, str]]:
+        return nft.tables(self.netns)
+
+    def nat_flows(self, families: Iterable[str]) -> bool:
+        """``conntrack -L --any-nat`` per family: any entry listed is a NATed flow."""
+        for family in families:
+            try:
+                listed = execer.run(["conntrack", "-L", "-f", family, "--any-nat"], self.netns)
+            except BackendError:
+                return True  # unreadable: as if held, so their NAT is kept
+            if listed.stdout.strip():
+                return True
+        return False
 
     def lookup(self, name: str, key: bytes) -> bytes:
         """The value of ``key``; ENOENT when it is not there."""

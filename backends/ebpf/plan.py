@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import errno
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from socket import AF_INET, AF_INET6, inet_ntop
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from kubeplex.backends.ebpf import layout
 from kubeplex.core.dataplane.backend import Rendered
@@ -35,8 +35,12 @@ _PROTOCOLS = {layout.PROTO_TCP: "tcp", layout.PROTO_UDP: "udp"}
 
 
 class MapSeam(Protocol):
-    """What the plan is sent through: the mode's pinned maps (``kubeplex.testing.fakes``'
-    ``FakeEbpfMaps`` in memory). Errors are the bpf syscall's ``OSError``."""
+    """What the plan is sent through: the mode's pinned maps and the node's nftables tables of
+    entry points from other hosts (``kubeplex.testing.fakes``' ``FakeEbpfMaps`` in memory).
+    Errors of the maps are the bpf syscall's ``OSError``, of the tables ``BackendError``."""
+
+    #: The methods apply writes through (the contract's ``writes``).
+    writes: ClassVar[tuple[str, ...]]
 
     def update(self, name: str, key: bytes, value: bytes, flags: int = 0) -> None: ...
 
@@ -46,6 +50,20 @@ class MapSeam(Protocol):
 
     def lookup(self, name: str, key: bytes) -> bytes:
         """The value at ``key`` (``inspect`` reads one Service's entries); ENOENT if none."""
+        ...
+
+    def transact(self, text: str) -> None:
+        """Commits ``text`` to the node's nftables as one transaction (nothing changes if
+        refused)."""
+        ...
+
+    def tables(self) -> list[tuple[str, str]]:
+        """The (family, name) of every nftables table of the node."""
+        ...
+
+    def nat_flows(self, families: Iterable[str]) -> bool:
+        """Whether conntrack holds a NATed flow of these families ("ipv4", "ipv6") in the
+        node (True where that cannot be read)."""
         ...
 
 

@@ -21,6 +21,12 @@ programs themselves (no socket is ever redirected, so nothing is written to the 
 or affinity maps unless a test writes it), the kernel's memory accounting, and the
 per-CPU and batch operations, which the mode does not use.
 
+The seam also carries the node's nftables tables of entry points from other hosts:
+``transact(text)`` records each transaction in ``transactions`` and keeps which tables a
+``table FAMILY NAME`` line made and a ``delete table FAMILY NAME`` line removed; ``tables()``
+lists them. nft's parser is not modelled: a transaction is never refused. ``nat_flows``
+(does conntrack hold a NATed flow?) answers ``holds_nat_flows``.
+
 Usage::
 
     from kubeplex.testing.fakes import FakeEbpfMaps
@@ -38,7 +44,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -75,13 +81,18 @@ def _refuse(code: int, what: str) -> OSError:
 class FakeEbpfMaps:
     """See the module's documentation."""
 
-    writes: ClassVar[tuple[str, ...]] = ("update", "delete")
+    writes: ClassVar[tuple[str, ...]] = ("update", "delete", "transact")
 
     def __init__(self, maps: Mapping[str, MapSpec] = MAPS) -> None:
         self.specs = dict(maps)
         self.maps: dict[str, dict[bytes, bytes]] = {name: {} for name in self.specs}
         #: Every update and delete received ("! " before a refused one).
         self.sent: list[str] = []
+        #: Every nftables transaction received, and the tables they left.
+        self.transactions: list[str] = []
+        self.present: set[tuple[str, str]] = set()
+        #: What ``nat_flows`` answers: set it to model a node holding NATed flows.
+        self.holds_nat_flows = False
 
     def _map(self, name: str) -> tuple[MapSpec, dict[bytes, bytes]]:
         spec = self.specs.get(name)
@@ -152,3 +163,21 @@ class FakeEbpfMaps:
     def dump(self, name: str) -> dict[bytes, bytes]:
         """Every entry of the map (BPF_MAP_GET_NEXT_KEY and lookups), as a new dictionary."""
         return dict(self._map(name)[1])
+
+    def transact(self, text: str) -> None:
+        """One nftables transaction of the node (``nft -f``)."""
+        self.transactions.append(text)
+        for line in text.splitlines():
+            words = line.split()
+            if words[:1] == ["table"] and len(words) >= 3:
+                self.present.add((words[1], words[2]))
+            elif words[:2] == ["delete", "table"] and len(words) == 4:
+                self.present.discard((words[2], words[3]))
+
+    def tables(self) -> list[tuple[str, str]]:
+        """The (family, name) of every table the transactions left."""
+        return sorted(self.present)
+
+    def nat_flows(self, families: Iterable[str]) -> bool:
+        """``holds_nat_flows`` (conntrack is not modelled)."""
+        return self.holds_nat_flows

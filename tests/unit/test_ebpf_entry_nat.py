@@ -25,7 +25,7 @@ from kits.render_kit import (
 )
 
 from kubeplex.backends.ebpf import EbpfBackend, requirements
-from kubeplex.backends.ebpf.entry_nat import EntryNatRenderer, RecordedEntryNat, source_ranges
+from kubeplex.backends.ebpf.entry_nat import EntryNatRenderer, source_ranges
 from kubeplex.backends.ebpf.loader import Loader
 from kubeplex.backends.ebpf.options import EbpfOptions
 from kubeplex.backends.ebpf.render import EbpfRenderer, RenderSettings
@@ -212,6 +212,33 @@ def test_no_table_where_no_service_port_has_an_external_entry_point() -> None:
     assert renderer.render(cluster.checkout(), ADDRESSES, full=False) == ""
 
 
+def test_a_table_with_its_nat_rule_stays_while_the_node_holds_nated_flows() -> None:
+    """After a switch from a netfilter mode, established flows keep their NAT only while a nat
+    chain with a NAT rule is there: the table stays until a full sync finds none left."""
+    cluster = cluster_of([node_obj(), web_with_cluster_ip_only()])
+    ebpf = backend()
+    maps = ebpf.kernel
+    assert isinstance(maps, FakeEbpfMaps)
+    maps.holds_nat_flows = True
+
+    def sync(full: bool) -> str:
+        state = cluster.checkout(full=full)
+        plan = ebpf.render(state, ebpf.observe(state))
+        ebpf.apply(plan)
+        return plan.entry_nat
+
+    kept = sync(full=True)
+    assert kept.startswith("add table ip kubeplex-ebpf\ndelete table ip kubeplex-ebpf\ntable ")
+    assert "masquerade" in kept and maps.tables() == [("ip", "kubeplex-ebpf")]
+    # A partial sync of a Service reached at the socket only leaves the kept table alone.
+    cluster.set_service(web_with_cluster_ip_only("other"))
+    assert sync(full=False) == ""
+    # The flows ended: the next full sync removes it.
+    maps.holds_nat_flows = False
+    assert sync(full=True) == "add table ip kubeplex-ebpf\ndelete table ip kubeplex-ebpf\n"
+    assert maps.tables() == []
+
+
 def web_with_cluster_ip_only(name: str = "inside") -> dict[str, Any]:
     return service("ns1", name, "172.30.0.47", [port()])
 
@@ -228,13 +255,13 @@ def backend() -> EbpfBackend:
 def test_the_plan_carries_the_tables_and_apply_commits_them() -> None:
     cluster = cluster_of(policies())
     ebpf = backend()
-    tables = ebpf.entry_tables
-    assert isinstance(tables, RecordedEntryNat)
+    tables = ebpf.kernel
+    assert isinstance(tables, FakeEbpfMaps)
     plan = ebpf.render(cluster.checkout(full=True))
     assert "# nftables, traffic from other hosts:\nadd table ip kubeplex-ebpf\n" in str(plan)
     assert plan.kernel_inputs()[-1] == plan.entry_nat
     ebpf.apply(plan)
-    assert tables.sent == [plan.entry_nat]
+    assert tables.transactions == [plan.entry_nat]
     assert "nftables table ip kubeplex-ebpf" in ebpf.leftovers()
 
     # A partial sync that changes nothing external sends no transaction.
@@ -245,13 +272,15 @@ def test_the_plan_carries_the_tables_and_apply_commits_them() -> None:
     # One that does sends its changes; a full sync the whole tables (it reconciles).
     cluster.set_endpoint_slice(endpoint_slice("ns1", "elsewhere", [ep("10.180.0.9", NODE)]))
     ebpf.apply(ebpf.render(cluster.checkout()))
-    assert tables.sent[-1].startswith("flush chain ip kubeplex-ebpf external-")
+    assert tables.transactions[-1].startswith("flush chain ip kubeplex-ebpf external-")
     ebpf.apply(ebpf.render(cluster.checkout(full=True)))
-    assert len(tables.sent) == 3 and tables.sent[-1].startswith("add table ip kubeplex-ebpf\n")
+    assert len(tables.transactions) == 3 and tables.transactions[-1].startswith(
+        "add table ip kubeplex-ebpf\n"
+    )
 
     report = ebpf.cleanup()
     assert "nftables table ip kubeplex-ebpf" in report.removed
-    assert tables.sent[-1] == "delete table ip kubeplex-ebpf\n"
+    assert tables.transactions[-1] == "delete table ip kubeplex-ebpf\n"
     assert "nftables table ip kubeplex-ebpf" not in ebpf.leftovers()
 
 
