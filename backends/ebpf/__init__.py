@@ -96,6 +96,11 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
     def missing_requirements(self) -> list[str]:
         return requirements.missing(self.options, self.loader)
 
+    def missing_for_cleanup(self) -> list[str]:
+        """Only the bpffs folder: unpinning a link nobody else holds detaches its program, so
+        another mode's pod (without cgroup2, without CAP_BPF) removes what this mode left."""
+        return requirements.missing_bpffs(self.options)
+
     def describe(self) -> list[str]:
         return [
             f"attaches to cgroup {self.options.cgroup}, pins under {self.loader.folder}",

@@ -53,6 +53,12 @@ def _folder_missing(path: Path, magic: int, what: str) -> str | None:
     return None if found == magic else f"{what} {path} is not a {what} mount"
 
 
+def missing_bpffs(options: EbpfOptions) -> list[str]:
+    """The bpffs folder of the options, if it is not one (what cleanup needs)."""
+    reason = _folder_missing(options.bpffs, BPF_FS_MAGIC, "bpffs")
+    return [reason] if reason else []
+
+
 def missing(options: EbpfOptions, loader: Loader, release: str | None = None) -> list[str]:
     """Every requirement this node lacks (empty: ready)."""
     found: list[str] = []

@@ -97,7 +97,7 @@ def _cleanup_one(
         if not missing:
             cfg = with_overrides(ctx.config, mode=mode, known_modes=plugins.known_modes())
             backend = make(mode, replace(ctx, config=cfg, kernel=None))
-            missing = backend.missing_requirements()
+            missing = backend.missing_for_cleanup()
         if missing:
             return ModeCleanup(mode, skipped="; ".join(missing))
         # Plain cleanups make the call a plugin written before `keep` and `drain` answers.

@@ -304,6 +304,12 @@ class Backend(ABC, Generic[KernelT, ObservedT]):
             if not shutil.which(t)
         ]
 
+    def missing_for_cleanup(self) -> list[str]:
+        """What this node lacks for ``cleanup`` (empty: it can run). Default: what it lacks to
+        run; a mode whose leftovers can be removed with less (another mode's pod, which
+        mounts less) says so."""
+        return self.missing_requirements()
+
     def sync_periods(self) -> tuple[float, float]:
         """(syncPeriod, minSyncPeriod) in seconds of the config section this mode reads;
         by default the iptables section's, as upstream's modes without their own."""

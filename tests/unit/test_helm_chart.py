@@ -541,9 +541,27 @@ def test_ebpf_mounts_the_nodes_cgroup2_and_bpffs_and_names_them_in_the_trust_lis
     )
 
 
-@pytest.mark.parametrize("mode", ["iptables", "nftables", "ipvs", "kernelspace"])
-def test_other_modes_keep_the_packaged_trust_list(chart: helm.Chart, mode: str) -> None:
+@pytest.mark.parametrize("mode", ["iptables", "nftables", "ipvs"])
+def test_other_linux_modes_mount_the_bpffs_to_clean_up_what_ebpf_left(
+    chart: helm.Chart, mode: str
+) -> None:
+    """A switch away from ebpf (helm upgrade --set mode=...) removes its pins, which detaches
+    its programs: the other modes need the node's bpffs and the options naming it, not its
+    cgroup2 nor CAP_BPF."""
     objects = render(chart, {"mode": mode})
+    volumes = {v["name"]: v for v in pod_spec(objects)["volumes"]}
+    mounts = {m["name"]: m for m in container(objects)["volumeMounts"]}
+    assert "cgroup2" not in volumes
+    assert volumes["bpffs"]["hostPath"] == {"path": "/sys/fs/bpf"}  # no type: may be absent
+    env = {e["name"]: e.get("value") for e in container(objects)["env"]}
+    text = only(objects, "ConfigMap")["data"][Path(env["KUBEPLEX_PLUGINS"]).name]
+    options = parse_trust_list(text, "configmap").backends["ebpf"].options
+    assert options["bpffs"] == mounts["bpffs"]["mountPath"]
+    assert "BPF" not in container(objects)["securityContext"]["capabilities"]["add"]
+
+
+def test_kernelspace_keeps_the_packaged_trust_list(chart: helm.Chart) -> None:
+    objects = render(chart, {"mode": "kernelspace"})
     assert set(only(objects, "ConfigMap")["data"]) == {"config.conf"}
     assert "KUBEPLEX_PLUGINS" not in {e["name"] for e in container(objects)["env"]}
     assert not {"cgroup2", "bpffs"} & {v["name"] for v in pod_spec(objects)["volumes"]}
