@@ -13,15 +13,13 @@ from typing import Any
 import pytest
 import yaml
 from kits.ebpf_kit import client, own_bpffs, own_cgroup, own_loader, serving
-from kits.render_kit import LAB, config
+from kits.render_kit import LAB, config, seed_lab_cluster
 
 from kubeplex.backends.ebpf import EbpfBackend
 from kubeplex.backends.ebpf.maps import PinnedMaps
 from kubeplex.backends.ebpf.plan import RENDERED_MAPS
 from kubeplex.core.dataplane.backend import BackendContext
-from kubeplex.core.model.cluster import ClusterState
-from kubeplex.core.model.types import IPFamily, ServicePortName
-from kubeplex.core.sources.manifests import ManifestSource
+from kubeplex.core.model.types import ServicePortName
 
 pytestmark = pytest.mark.kernel
 
@@ -48,14 +46,6 @@ def context(netns: str) -> BackendContext:
     """The node's context: its nftables (the entry points of traffic from other hosts) are
     the test namespace's."""
     return BackendContext(config({"mode": "nftables"}), NODE, netns=netns)
-
-
-def seed_cluster() -> ClusterState:
-    cluster = ClusterState(NODE, (IPFamily.IPv4, IPFamily.IPv6))
-    source = ManifestSource(LAB / "manifests", cluster)
-    source.load()
-    assert not source.problems
-    return cluster
 
 
 def landed(netns: str, cgroup: Path) -> set[str]:
@@ -85,7 +75,7 @@ def test_the_seed_lab_synced_serves_web_then_a_partial_sync_then_nothing_left(
     options = {"bpffs": str(bpffs), "cgroup": str(cgroup)}
     backend = EbpfBackend(context(web_pods), options=options)
     assert backend.missing_requirements() == []
-    cluster = seed_cluster()
+    cluster = seed_lab_cluster()
 
     backend.prepare()
     result = backend.sync(cluster.checkout(full=True))

@@ -13,13 +13,10 @@ from pathlib import Path
 
 import pytest
 from kits.ebpf_kit import client, own_bpffs, own_cgroup, own_loader, serving
-from kits.render_kit import LAB, config
+from kits.render_kit import config, seed_lab_cluster
 
 from kubeplex.backends.ebpf import EbpfBackend
 from kubeplex.core.dataplane.backend import BackendContext
-from kubeplex.core.model.cluster import ClusterState
-from kubeplex.core.model.types import IPFamily
-from kubeplex.core.sources.manifests import ManifestSource
 
 pytestmark = pytest.mark.kernel
 
@@ -56,14 +53,6 @@ def setup() -> Iterator[tuple[Path, Path]]:
         yield bpffs, cgroup
 
 
-def seed_cluster() -> ClusterState:
-    cluster = ClusterState(NODE, (IPFamily.IPv4, IPFamily.IPv6))
-    source = ManifestSource(LAB / "manifests", cluster)
-    source.load()
-    assert not source.problems
-    return cluster
-
-
 def attached(cgroup: Path) -> str:
     return subprocess.run(
         ["bpftool", "cgroup", "show", str(cgroup)], capture_output=True, text=True, check=True
@@ -78,7 +67,7 @@ def test_another_modes_pod_without_cgroup2_or_cap_bpf_removes_the_modes_programs
     ctx = BackendContext(config({"mode": "nftables"}), NODE, netns=netns)
     backend = EbpfBackend(ctx, options=options)
     backend.prepare()
-    assert not backend.sync(seed_cluster().checkout(full=True)).failed
+    assert not backend.sync(seed_lab_cluster().checkout(full=True)).failed
     backend.kernel.close()  # (the old pod is gone: it holds no fd)
     backend.kernel.maps = {}
     assert "connect4" in attached(cgroup)

@@ -21,6 +21,7 @@ from kubeplex.core.config.kubeproxy import DEFAULT_KNOWN_MODES, KubeProxyConfigu
 from kubeplex.core.dataplane.backend import Backend, BackendContext
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.types import IPFamily
+from kubeplex.core.sources.manifests import ManifestSource
 
 V4, V6 = IPFamily.IPv4, IPFamily.IPv6
 #: upstream's fake proxier's node (iptables and winkernel tests; nftables uses "test-node").
@@ -183,6 +184,15 @@ class RenderHarness(Generic[BackendT, RenderedT]):
 
 
 # --- golden files -------------------------------------------------------------------------------
+
+
+def seed_lab_cluster(node: str = "kind-worker") -> ClusterState:
+    """The seed lab's manifests (testing/lab/manifests) loaded for ``node``, dual-stack."""
+    cluster = ClusterState(node, (IPFamily.IPv4, IPFamily.IPv6))
+    source = ManifestSource(LAB / "manifests", cluster)
+    source.load()
+    assert not source.problems
+    return cluster
 
 
 def assert_golden_file(path: Path, text: str, differs: str, *, lineterm: str = "") -> None:

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from kits.render_kit import (
-    LAB,
     NODE,
     V4,
     V6,
@@ -21,6 +20,7 @@ from kits.render_kit import (
     ep,
     node_obj,
     port,
+    seed_lab_cluster,
     service,
 )
 
@@ -32,7 +32,6 @@ from kubeplex.backends.ebpf.render import EbpfRenderer, RenderSettings
 from kubeplex.core.dataplane.backend import BackendContext
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.types import IPFamily
-from kubeplex.core.sources.manifests import ManifestSource
 from kubeplex.testing.fakes import FakeEbpfMaps
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "ebpf"
@@ -50,14 +49,6 @@ def cluster_of(
             "EndpointSlice": cluster.set_endpoint_slice,
             "Node": cluster.set_node,
         }[obj["kind"]](obj)
-    return cluster
-
-
-def seed_cluster() -> ClusterState:
-    cluster = ClusterState("kind-worker", (V4, V6))
-    source = ManifestSource(LAB / "manifests", cluster)
-    source.load()
-    assert not source.problems
     return cluster
 
 
@@ -117,7 +108,7 @@ def policies() -> list[dict[str, Any]]:
 
 
 def test_seed_lab_golden() -> None:
-    text = EntryNatRenderer().render(seed_cluster().checkout(full=True), ("172.18.0.5",), True)
+    text = EntryNatRenderer().render(seed_lab_cluster().checkout(full=True), ("172.18.0.5",), True)
     assert_golden_file(GOLDEN / "entry-nat-seed-lab.txt", text, "rendered tables differ")
     assert "tcp . 30080 : goto external-" in text
     # An even spread over the three pods: a third, half of the rest, the rest.
