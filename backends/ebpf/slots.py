@@ -21,6 +21,8 @@ def assign(held: Mapping[int, bytes], wanted: Sequence[bytes]) -> list[bytes]:
     """``wanted`` (kpx_backends values, duplicates allowed) in slot order, given what the
     slots ``held`` (slot -> value); with nothing held, ``wanted``'s own order."""
     count = len(wanted)
+    if not held or (len(held) == count and all(held.get(i) == v for i, v in enumerate(wanted))):
+        return list(wanted)  # what the loops below give, the common case of a full sync
     left = Counter(wanted)
     table: list[bytes | None] = [None] * count
     for slot in sorted(held):
