@@ -76,8 +76,10 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
 
     mode = MODE
     capabilities = frozenset({"session-affinity", "ipv6", SOCKET_LOAD_BALANCING})
-    #: Connections started on the node are translated at the socket: conntrack holds no NAT.
-    uses_conntrack = False
+    #: Connections started on the node are translated at the socket (conntrack holds no NAT
+    #: of theirs), but those of the entry points for other hosts are the kernel's NAT: the
+    #: daemon cleans their stale UDP entries, as upstream's modes do.
+    uses_conntrack = True
 
     def __init__(self, ctx: BackendContext, options: Mapping[str, Any] | None = None) -> None:
         raw = plugins.backend_options(MODE) if options is None else options

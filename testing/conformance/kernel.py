@@ -21,6 +21,7 @@ from kubeplex.testing.conformance.families import (
     HAIRPIN,
     NODEPORT_CASES,
     NODEPORT_LOCAL,
+    SOCKET_LOAD_BALANCING,
     UDP,
 )
 from kubeplex.testing.conformance.seams import REFUSAL, Recorder, refusing, swapped
@@ -138,16 +139,16 @@ def case_internal_local(dc: DataplaneCluster) -> None:
 
 
 def case_conntrack_dnat_tuple(dc: DataplaneCluster) -> None:
-    """conntrack holds the DNAT tuple of a connection to a ClusterIP; a backend that does not
-    use conntrack (``uses_conntrack = False``: it translates at the socket) holds none."""
+    """conntrack holds the DNAT tuple of a connection to a ClusterIP; a backend that translates
+    at the socket (``socket-load-balancing``) holds none."""
     if shutil.which("conntrack") is None:
         raise Skip("the conntrack tool is not installed on this machine")
     synced(dc, *web(dc))
     [r] = dc.lab.http(CLIENT_POD, WEB_VIP, 80)
     check(r.ok and r.body in WEBS, f"request to the ClusterIP: {r}")
     out = str(dc.lab.exec(NODE1, ["conntrack", "-L", "-p", "tcp", "-d", WEB_VIP]).stdout)
-    if not dc.agent(NODE1).backend.uses_conntrack:
-        check(WEB_VIP not in out, f"a backend without conntrack left a NAT entry: {out}")
+    if SOCKET_LOAD_BALANCING in dc.agent(NODE1).backend.capabilities:
+        check(WEB_VIP not in out, f"a backend translating at the socket left a NAT entry: {out}")
         return
     client = re.escape(ip_of(dc, CLIENT_POD))
     pattern = re.compile(

@@ -11,10 +11,13 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kits.dataplane_kit import shared_dataplane
 
+from kubeplex.core.daemon.conntrack import ConntrackCleaner
+from kubeplex.core.model.types import IPFamily
 from kubeplex.testing.conformance.traffic import (
     NODEPORT,
     WEB_VIP,
@@ -25,12 +28,25 @@ from kubeplex.testing.conformance.traffic import (
     synced,
     web,
 )
-from kubeplex.testing.dataplane import DataplaneCluster
-from kubeplex.testing.netlab import CLIENT_POD, EXTERNAL, NODE1, NODE2, WEB_A, WEB_B, WEB_C, tally
+from kubeplex.testing.dataplane import DataplaneCluster, endpoint_slice, service
+from kubeplex.testing.netlab import (
+    CLIENT_POD,
+    EXTERNAL,
+    NODE1,
+    NODE2,
+    UDP_PORT,
+    WEB_A,
+    WEB_B,
+    WEB_C,
+    tally,
+)
 
 pytestmark = pytest.mark.kernel
 
 EXTERNAL_IP = "192.0.2.20"
+DNS_VIP = "10.96.0.53"
+DNS_NODEPORT = 30053
+SOURCE_PORT = 40053
 LB_IP = "192.0.2.10"
 
 
@@ -192,3 +208,38 @@ def test_source_ranges_filter_the_external_host(dp: DataplaneCluster) -> None:
         assert all_ok(answers) and set(tally(answers)) <= set(WEBS), tally(answers)
     finally:
         dp.lab.exec(EXTERNAL, ["ip", "route", "del", f"{LB_IP}/32"])
+
+
+def test_an_external_udp_flow_leaves_a_removed_endpoint(dp: DataplaneCluster) -> None:
+    """The flows of entry points for other hosts are the kernel's NAT: the daemon's conntrack
+    cleaner (the mode ``uses_conntrack``) moves a UDP flow off an endpoint that left, as
+    upstream does, instead of leaving it on the stale entry until it times out."""
+    cleaners = {}
+    for name, agent in dp.agents.items():
+        cleaners[name] = ConntrackCleaner(
+            agent.netns, enabled=agent.backend.uses_conntrack
+        )
+        agent.proxier.listeners.append(cleaners[name])
+    pods = (WEB_A, WEB_B, WEB_C)
+
+    def dns(*serving: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        return (
+            service("dns", DNS_VIP, 53, target_port=UDP_PORT, protocol="UDP", type="NodePort",
+                    node_port=DNS_NODEPORT),
+            endpoint_slice("dns", dp.endpoints(*serving), port=UDP_PORT, protocol="UDP"),
+        )  # fmt: skip
+
+    def answers() -> list[str]:
+        results = dp.lab.udp(
+            EXTERNAL, ip_of(dp, NODE1), DNS_NODEPORT, count=3, source_port=SOURCE_PORT
+        )
+        return [r.body or "" if r.ok else r.outcome for r in results]
+
+    synced(dp, *dns(*pods))
+    first = answers()
+    assert len(set(first)) == 1 and first[0] in pods, first  # one flow, one endpoint
+    dp.set(*dns(*(p for p in pods if p != first[0])))
+    dp.sync_or_raise()
+    after = answers()
+    assert len(set(after)) == 1 and after[0] in pods and after[0] != first[0], after
+    assert cleaners[NODE1].deleted[IPFamily.IPv4] >= 1

@@ -82,8 +82,8 @@ def test_the_modes_families_and_no_others() -> None:
         metrics.MAP_ENTRIES: "gauge",
         metrics.MAP_OPERATIONS_LAST: "gauge",
     }
-    # Nothing of the netfilter modes, no conntrack reconciler: the mode makes no NAT entry.
-    assert not [n for n in kinds if "iptables" in n or "nftables" in n or "conntrack" in n]
+    # Nothing of the netfilter modes.
+    assert not [n for n in kinds if "iptables" in n or "nftables" in n]
 
 
 def test_attached_programs_are_left_out_where_no_pin_is_read() -> None:
