@@ -16,7 +16,8 @@ Per Service port and family, as upstream's external destinations:
 * externalTrafficPolicy Cluster: every endpoint the graph chooses for the cluster, and the
   source masqueraded (the masquerade mark, taken off and acted on at postrouting);
 * Local: the node's local endpoints, the client's address kept; none here: dropped;
-* no endpoint anywhere: rejected, as the socket programs refuse the connection;
+* no endpoint anywhere: rejected, as the socket programs refuse the connection (at the input
+  and forward hooks, through maps of their own: a nat chain may not reject);
 * loadBalancerSourceRanges: a source outside them is dropped at the LoadBalancer IPs (only
   here: the socket programs let the node's own connections in, so the mode does not declare
   the capability).
@@ -50,6 +51,12 @@ FAMILIES = {IPFamily.IPv4: "ip", IPFamily.IPv6: "ip6"}
 MASQUERADE = masquerade_mark(14)
 _PROTOCOLS = {L4.TCP: "tcp", L4.UDP: "udp"}
 _ADDR_TYPES = {IPFamily.IPv4: "ipv4_addr", IPFamily.IPv6: "ipv6_addr"}
+#: The verdict maps: the entry points DNATed at prerouting, and those of Service ports without
+#: any endpoint, rejected at the input and forward hooks.
+REFUSED_MAPS = ("refused-entry-points", "refused-nodeports")
+MAPS = ("entry-points", "nodeports", *REFUSED_MAPS)
+#: The refused entry points' verdict.
+REFUSE = "goto no-endpoints"
 
 
 #: A chain: its name and its rules.
@@ -66,6 +73,9 @@ class Entry:
     nodeport: tuple[str, str] | None
     #: Its chains.
     chains: tuple[Chain, ...]
+    #: No endpoint anywhere: its keys go to the filter hooks' maps, which reject (a nat
+    #: chain may not, on the kernels the mode supports).
+    refused: bool = False
 
 
 def source_ranges(ranges: Iterable[str], family: IPFamily) -> list[str]:
@@ -108,8 +118,12 @@ def entry(graph: ServiceGraph, svc: ServicePort) -> Entry | None:
     endpoints = chosen.local if svc.external_policy_local else chosen.cluster
     rules: list[str]
     if not chosen.has_any:
-        rules = ["reject"]
-    elif not endpoints:
+        keys = [
+            f"{ip} . {proto} . {svc.port}" for ip in (*svc.external_ips, *svc.load_balancer_vips)
+        ]
+        port = (f"{proto} . {svc.node_port}", REFUSE) if svc.node_port else None
+        return Entry(tuple((key, REFUSE) for key in keys), port, (), refused=True)
+    if not endpoints:
         rules = ["drop"]
     else:
         rules = [] if svc.external_policy_local else [f"meta mark set meta mark | {MASQUERADE}"]
@@ -139,19 +153,28 @@ class Tables:
     #: The Service ports' chains: name to rules.
     chains: dict[str, tuple[str, ...]]
 
+    @property
+    def empty(self) -> bool:
+        """No entry point at all (a Service port without endpoints has no chain)."""
+        return not self.chains and not any(self.maps.values())
+
     @classmethod
     def of(cls, entries: Iterable[Entry], nodeport_ips: tuple[str, ...]) -> Tables:
         """On a key two Service ports want, the one given first keeps it."""
-        points: dict[str, str] = {}
-        nodeports: dict[str, str] = {}
+        maps: dict[str, dict[str, str]] = {name: {} for name in MAPS}
         chains: dict[str, tuple[str, ...]] = {}
         for e in entries:
+            points, nodeports = (
+                ("refused-entry-points", "refused-nodeports")
+                if e.refused
+                else ("entry-points", "nodeports")
+            )
             for key, verdict in e.addresses:
-                points.setdefault(key, verdict)
+                maps[points].setdefault(key, verdict)
             if e.nodeport:
-                nodeports.setdefault(*e.nodeport)
+                maps[nodeports].setdefault(*e.nodeport)
             chains.update(e.chains)
-        return cls(nodeport_ips, {"entry-points": points, "nodeports": nodeports}, chains)
+        return cls(nodeport_ips, maps, chains)
 
 
 def _chain(name: str, rules: Iterable[str]) -> str:
@@ -179,18 +202,27 @@ def table(family: IPFamily, tables: Tables) -> str:
     out = [absent(family), f"table {kind} {TABLE} {{\n"]
     out.append(f"  set nodeport-ips {{\n    type {addr_type}\n")
     out.append(f"    elements = {{ {', '.join(ips)} }}\n  }}\n" if ips else "  }\n")
-    out.append(
-        f"  map entry-points {{\n    type {addr_type} . inet_proto . inet_service : verdict\n"
-    )
-    out.append(_elements(tables.maps["entry-points"]) + "  }\n")
-    out.append("  map nodeports {\n    type inet_proto . inet_service : verdict\n")
-    out.append(_elements(tables.maps["nodeports"]) + "  }\n")
-    prerouting = [
-        "type nat hook prerouting priority dstnat; policy accept;",
-        f"{addr} daddr . meta l4proto . th dport vmap @entry-points",
-        f"{addr} daddr @nodeport-ips meta l4proto . th dport vmap @nodeports",
-    ]
-    out.append(_chain("prerouting", prerouting))
+    for points, nodeports in (("entry-points", "nodeports"), REFUSED_MAPS):
+        out.append(
+            f"  map {points} {{\n    type {addr_type} . inet_proto . inet_service : verdict\n"
+        )
+        out.append(_elements(tables.maps[points]) + "  }\n")
+        out.append(f"  map {nodeports} {{\n    type inet_proto . inet_service : verdict\n")
+        out.append(_elements(tables.maps[nodeports]) + "  }\n")
+
+    def lookups(points: str, nodeports: str) -> list[str]:
+        return [
+            f"{addr} daddr . meta l4proto . th dport vmap @{points}",
+            f"{addr} daddr @nodeport-ips meta l4proto . th dport vmap @{nodeports}",
+        ]
+
+    prerouting = ["type nat hook prerouting priority dstnat; policy accept;"]
+    out.append(_chain("prerouting", prerouting + lookups("entry-points", "nodeports")))
+    # Not DNATed (no endpoint anywhere), the packet reaches the node or is forwarded.
+    for hook in ("input", "forward"):
+        base = f"type filter hook {hook} priority filter - 1; policy accept;"
+        out.append(_chain(f"filter-{hook}", [base, *lookups(*REFUSED_MAPS)]))
+    out.append(_chain(REFUSE.split()[1], ["reject"]))
     postrouting = [
         "type nat hook postrouting priority srcnat; policy accept;",
         f"meta mark & {MASQUERADE} == 0 return",
@@ -276,15 +308,15 @@ class EntryNatRenderer:
             wanted = Tables.of((kept[name] for name in sorted(kept)), ips)
             self.pending[family] = wanted
             held = self.held.get(family) if self.held is not None else None
-            if not wanted.chains and not self.nat_flows:
+            if wanted.empty and not self.nat_flows:
                 # Nothing to hold: no table, so no NAT hook (and no conntrack) on the node.
-                if full or held is None or held.chains:
+                if full or held is None or not held.empty:
                     out.append(absent(family))
             elif full or held is None or held.nodeport_ips != ips:
                 out.append(table(family, wanted))
-            elif not held.chains and wanted.chains:
+            elif held.empty and not wanted.empty:
                 out.append(table(family, wanted))  # (none was there, or one kept empty)
-            elif held.chains or wanted.chains:
+            elif not (held.empty and wanted.empty):
                 out.append(changes(family, held, wanted))
         return "".join(out)
 

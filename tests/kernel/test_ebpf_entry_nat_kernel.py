@@ -216,9 +216,7 @@ def test_an_external_udp_flow_leaves_a_removed_endpoint(dp: DataplaneCluster) ->
     upstream does, instead of leaving it on the stale entry until it times out."""
     cleaners = {}
     for name, agent in dp.agents.items():
-        cleaners[name] = ConntrackCleaner(
-            agent.netns, enabled=agent.backend.uses_conntrack
-        )
+        cleaners[name] = ConntrackCleaner(agent.netns, enabled=agent.backend.uses_conntrack)
         agent.proxier.listeners.append(cleaners[name])
     pods = (WEB_A, WEB_B, WEB_C)
 
@@ -243,3 +241,15 @@ def test_an_external_udp_flow_leaves_a_removed_endpoint(dp: DataplaneCluster) ->
     after = answers()
     assert len(set(after)) == 1 and after[0] in pods and after[0] != first[0], after
     assert cleaners[NODE1].deleted[IPFamily.IPv4] >= 1
+
+
+def test_a_nodeport_without_endpoints_is_refused_to_the_external_host(
+    dp: DataplaneCluster,
+) -> None:
+    """Rejected at the input hook (a nat chain may not reject on the kernels the mode
+    supports), as the socket programs refuse the node's own connections."""
+    synced(dp, service("empty", "10.96.0.31", 80, type="NodePort", node_port=30031))
+    [r] = dp.lab.http(EXTERNAL, ip_of(dp, NODE1), 30031, timeout=3.0)
+    assert r.outcome == "refused" and r.ms < 500, r
+    [r] = dp.lab.http(CLIENT_POD, ip_of(dp, NODE1), 30031, timeout=3.0)
+    assert r.outcome == "refused" and r.ms < 500, r
