@@ -23,16 +23,21 @@ Per Service port and family, as upstream's external destinations:
   the capability).
 
 A full sync replaces the tables in one transaction (created, deleted, written again), which
-reconciles whatever they held; a partial sync sends only the changed chains and elements, in
-one transaction too. A family without any such entry point has no table. Session affinity is
-not applied to these flows yet.
+reconciles whatever they held; a partial sync sends only the changed chains, sets and
+elements, in one transaction too. A family without any such entry point has no table.
+
+ClientIP session affinity, as upstream's nftables mode: one set per endpoint
+(``affinity-HASH-ns/name/proto/port__ip/port``, ``flags dynamic,timeout`` with the Service's
+timeout) holds the clients it served; the chain first sends a client found in a set to that
+endpoint (refreshing its entry), else picks one and adds the client to its set. A full sync
+writes the sets empty again (conntrack keeps the flows already open).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kubeplex.backends.ebpf.plan import EbpfPlan, MapSeam
@@ -73,6 +78,8 @@ class Entry:
     nodeport: tuple[str, str] | None
     #: Its chains.
     chains: tuple[Chain, ...]
+    #: Its affinity sets' names with their timeouts (seconds), used by its ``external-`` chain.
+    sets: tuple[tuple[str, int], ...] = ()
     #: No endpoint anywhere: its keys go to the filter hooks' maps, which reject (a nat
     #: chain may not, on the kernels the mode supports).
     refused: bool = False
@@ -91,17 +98,37 @@ def _network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     return ipaddress.ip_network(text, strict=False)
 
 
-def dnat_rules(proto: str, endpoints: Iterable[Endpoint]) -> list[str]:
+def dnat_rules(
+    proto: str, endpoints: Iterable[Endpoint], addr: str = "", sets: Sequence[str] = ()
+) -> list[str]:
     """One rule per endpoint, each taking 1/k of what the ones before left (k: the endpoints
     left), as iptables' statistic rules: an even spread without an anonymous map per Service,
-    whose naming costs the kernel a scan of the table's sets (O(N^2) to load N Services)."""
+    whose naming costs the kernel a scan of the table's sets (O(N^2) to load N Services).
+
+    With ``sets`` (the endpoints' affinity sets, in their order; ``addr``: ``ip`` or ``ip6``):
+    a source found in an endpoint's set goes there, before any pick; a pick adds the source
+    to the chosen endpoint's set (``update`` also refreshes its timeout)."""
     targets = [ep.address for ep in endpoints]
     left = len(targets)
     rules = []
+    updates = [""] * left
+    if sets:
+        updates = [f"update @{name} {{ {addr} saddr }} " for name in sets]
+        rules += [
+            f"{addr} saddr @{name} meta l4proto {proto} {update}dnat to {target}"
+            for name, update, target in zip(sets, updates, targets, strict=True)
+        ]
     for i, target in enumerate(targets):
         pick = f"numgen random mod {left - i} 0 " if i < left - 1 else ""
-        rules.append(f"meta l4proto {proto} {pick}dnat to {target}")
+        rules.append(f"meta l4proto {proto} {pick}{updates[i]}dnat to {target}")
     return rules
+
+
+def affinity_set(port_text: str, ep: Endpoint) -> str:
+    """Upstream's affinity set name: ``affinity-`` and the endpoint chain's hashed base (an
+    IPv6 address with dots for colons), at most 249 characters (nft allows 255)."""
+    ip = ep.ip.replace(":", ".")
+    return "affinity-" + cached_base(f"{port_text}__{ip}/{ep.port}")
 
 
 def entry(graph: ServiceGraph, svc: ServicePort) -> Entry | None:
@@ -112,11 +139,13 @@ def entry(graph: ServiceGraph, svc: ServicePort) -> Entry | None:
     family, addr = graph.family, "ip" if graph.family is IPFamily.IPv4 else "ip6"
     # Named as the nftables mode names a Service port's chains: ns/name/proto/port.
     spn = svc.name
-    base = cached_base(f"{spn.namespace}/{spn.name}/{proto}/{spn.port}")
+    port_text = f"{spn.namespace}/{spn.name}/{proto}/{spn.port}"
+    base = cached_base(port_text)
     external = f"external-{base}"
     chosen = graph.categorized(svc.name)
     endpoints = chosen.local if svc.external_policy_local else chosen.cluster
     rules: list[str]
+    sets: tuple[tuple[str, int], ...] = ()
     if not chosen.has_any:
         keys = [
             f"{ip} . {proto} . {svc.port}" for ip in (*svc.external_ips, *svc.load_balancer_vips)
@@ -127,7 +156,11 @@ def entry(graph: ServiceGraph, svc: ServicePort) -> Entry | None:
         rules = ["drop"]
     else:
         rules = [] if svc.external_policy_local else [f"meta mark set meta mark | {MASQUERADE}"]
-        rules += dnat_rules(proto, endpoints)
+        names: tuple[str, ...] = ()
+        if svc.session_affinity_client_ip:
+            names = tuple(affinity_set(port_text, ep) for ep in endpoints)
+            sets = tuple((name, svc.sticky_max_age_seconds) for name in dict.fromkeys(names))
+        rules += dnat_rules(proto, endpoints, addr, names)
     chains: list[Chain] = [(external, tuple(rules))]
     verdict = f"goto {external}"
     lb_verdict = verdict
@@ -140,7 +173,7 @@ def entry(graph: ServiceGraph, svc: ServicePort) -> Entry | None:
     addresses = [(f"{ip} . {proto} . {svc.port}", verdict) for ip in svc.external_ips]
     lb = [(f"{ip} . {proto} . {svc.port}", lb_verdict) for ip in svc.load_balancer_vips]
     nodeport = (f"{proto} . {svc.node_port}", verdict) if svc.node_port else None
-    return Entry(tuple(addresses + lb), nodeport, tuple(chains))
+    return Entry(tuple(addresses + lb), nodeport, tuple(chains), sets=sets)
 
 
 @dataclass(frozen=True)
@@ -152,6 +185,8 @@ class Tables:
     maps: dict[str, dict[str, str]]
     #: The Service ports' chains: name to rules.
     chains: dict[str, tuple[str, ...]]
+    #: The affinity sets: name to timeout (seconds) and the chain whose rules use the set.
+    sets: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -163,6 +198,7 @@ class Tables:
         """On a key two Service ports want, the one given first keeps it."""
         maps: dict[str, dict[str, str]] = {name: {} for name in MAPS}
         chains: dict[str, tuple[str, ...]] = {}
+        sets: dict[str, tuple[int, str]] = {}
         for e in entries:
             points, nodeports = (
                 ("refused-entry-points", "refused-nodeports")
@@ -174,11 +210,20 @@ class Tables:
             if e.nodeport:
                 maps[nodeports].setdefault(*e.nodeport)
             chains.update(e.chains)
-        return cls(nodeport_ips, maps, chains)
+            if e.sets:
+                users = e.chains[0][0]  # the external- chain
+                sets.update((name, (timeout, users)) for name, timeout in e.sets)
+        return cls(nodeport_ips, maps, chains, sets)
 
 
 def _chain(name: str, rules: Iterable[str]) -> str:
     return f"  chain {name} {{\n" + "".join(f"    {rule}\n" for rule in rules) + "  }\n"
+
+
+def set_spec(addr_type: str, timeout: int) -> str:
+    """An affinity set's declaration (upstream's: ``dynamic``, so that nft does not add it
+    itself and then see a change of flags)."""
+    return f"type {addr_type}; flags dynamic,timeout; timeout {timeout}s;"
 
 
 def _elements(taken: dict[str, str]) -> str:
@@ -230,22 +275,36 @@ def table(family: IPFamily, tables: Tables) -> str:
         "masquerade fully-random",
     ]
     out.append(_chain("postrouting", postrouting))
+    for name, (timeout, _) in tables.sets.items():
+        out.append(f"  set {name} {{ {set_spec(addr_type, timeout)} }}\n")
     out += [_chain(name, rules) for name, rules in tables.chains.items()]
     out.append("}\n")
     return "".join(out)
 
 
 def changes(family: IPFamily, held: Tables, wanted: Tables) -> str:
-    """The commands that turn ``held`` into ``wanted`` (the same node port addresses): new and
-    changed chains first, then the elements, then the chains no element points to any more
-    (a Service port's firewall chain before the chain it jumps to)."""
+    """The commands that turn ``held`` into ``wanted`` (the same node port addresses): new
+    sets, new and changed chains, then the elements, then the chains no element points to any
+    more (a Service port's firewall chain before the chain it jumps to), then the sets no rule
+    uses any more. A set whose timeout changed is made again, between the flush of the chain
+    that uses it and its rules (a set in use cannot be deleted)."""
     where = f"{FAMILIES[family]} {TABLE}"
+    addr_type = _ADDR_TYPES[family]
     out = []
+    retimed: dict[str, list[str]] = {}
+    for name, (timeout, users) in wanted.sets.items():
+        spec = f"add set {where} {name} {{ {set_spec(addr_type, timeout)} }}\n"
+        held_set = held.sets.get(name)
+        if held_set is None:
+            out.append(spec)
+        elif held_set[0] != timeout:
+            retimed.setdefault(users, []).append(f"delete set {where} {name}\n{spec}")
     for name, rules in wanted.chains.items():
-        if held.chains.get(name) == rules:
+        if held.chains.get(name) == rules and name not in retimed:
             continue
         out.append(f"add chain {where} {name}\n" if name not in held.chains else "")
         out.append(f"flush chain {where} {name}\n" if name in held.chains else "")
+        out += retimed.get(name, [])
         out += [f"add rule {where} {name} {rule}\n" for rule in rules]
     for kind, want in wanted.maps.items():
         have = held.maps[kind]
@@ -258,6 +317,7 @@ def changes(family: IPFamily, held: Tables, wanted: Tables) -> str:
     dropped = [name for name in held.chains if name not in wanted.chains]
     for name in sorted(dropped, key=lambda n: not n.startswith("firewall-")):
         out.append(f"delete chain {where} {name}\n")
+    out += [f"delete set {where} {name}\n" for name in held.sets if name not in wanted.sets]
     return "".join(out)
 
 

@@ -80,6 +80,26 @@ def test_a_nodeport_from_the_external_host_cluster_policy(dp: DataplaneCluster) 
     assert all_ok(dp.lab.http(NODE2, node1, NODEPORT, count=6))
 
 
+def test_client_ip_affinity_from_the_external_host(dp: DataplaneCluster) -> None:
+    """A ClientIP Service's NodePort (Cluster policy) sends every connection of the external
+    host to one endpoint (the first one's pick, kept in that endpoint's affinity set); one
+    without affinity beside it still spreads (each of 20 on one of three: 1 in 3^19)."""
+    sticky = web(dp, type="NodePort", node_port=NODEPORT, session_affinity="ClientIP",
+                 affinity_timeout=600)  # fmt: skip
+    plain = web(dp, name="plain", vip="10.96.0.40", type="NodePort", node_port=30082)
+    synced(dp, *sticky, *plain)
+    node1 = ip_of(dp, NODE1)
+    answers = dp.lab.http(EXTERNAL, node1, NODEPORT, count=20)
+    assert all_ok(answers) and len(tally(answers)) == 1, tally(answers)
+    # The external host is in the set of the endpoint that answered (and only there).
+    listed = dp.lab.exec(NODE1, ["nft", "list", "table", "ip", "kubeplex-ebpf"]).stdout
+    held = [s for s in listed.split("set affinity-") if f"{{ {ip_of(dp, EXTERNAL)} expires" in s]
+    [pod] = tally(answers)
+    assert len(held) == 1 and f"__{ip_of(dp, pod)}/8080 {{" in held[0], listed
+    spread = dp.lab.http(EXTERNAL, node1, 30082, count=20)
+    assert all_ok(spread) and len(tally(spread)) > 1, tally(spread)
+
+
 def test_a_nodeport_local_policy_keeps_the_client_and_drops_without_local_endpoints(
     dp: DataplaneCluster,
 ) -> None:
@@ -172,6 +192,30 @@ def test_partial_syncs_leave_the_tables_a_full_sync_writes(dp: DataplaneCluster)
     assert partial == listed(dp, NODE1)
     assert tally(dp.lab.http(EXTERNAL, ip_of(dp, NODE1), NODEPORT, count=3)) == {WEB_A: 3}
     assert tally(dp.lab.http(EXTERNAL, ip_of(dp, NODE1), 30082, count=3)) == {WEB_C: 3}
+
+
+def test_partial_syncs_of_an_affinity_service_leave_what_a_full_sync_writes(
+    dp: DataplaneCluster,
+) -> None:
+    """The kernel takes each partial transaction: a set added before the rule that uses it,
+    one deleted after, one with a new timeout made again between its chain's flush and
+    rules."""
+
+    def sticky(pods: tuple[str, ...], timeout: int = 600) -> list[dict[str, Any]]:
+        return web(dp, pods, type="NodePort", node_port=NODEPORT, session_affinity="ClientIP",
+                   affinity_timeout=timeout)  # fmt: skip
+
+    synced(dp, *sticky((WEB_A, WEB_B)))
+    agent = dp.agent(NODE1)
+    for objects in (sticky(WEBS), sticky((WEB_B, WEB_C)), sticky((WEB_B, WEB_C), timeout=60)):
+        agent.set(*objects)
+        assert agent.sync(full=False) and not agent.results[-1].full
+    partial = listed(dp, NODE1)
+    assert sum("timeout 1m" in line for line in partial) == 2, partial
+    assert agent.sync(full=True)
+    assert partial == listed(dp, NODE1)
+    answers = dp.lab.http(EXTERNAL, ip_of(dp, NODE1), NODEPORT, count=6)
+    assert all_ok(answers) and len(tally(answers)) == 1 and set(tally(answers)) <= {WEB_B, WEB_C}
 
 
 def test_a_full_sync_puts_back_a_deleted_table_and_cleanup_removes_it(

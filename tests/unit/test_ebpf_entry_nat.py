@@ -5,6 +5,7 @@ the transaction (printed by ``render``, recorded next to the fake maps, removed 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,149 @@ def test_a_partial_render_sends_the_changes_of_the_changed_service_ports() -> No
     # Not committed (a failed apply): the next render is whole again.
     renderer.invalidate()
     assert renderer.render(cluster.checkout(), ADDRESSES, full=False).startswith("add table ")
+
+
+def sticky(
+    *endpoints: str,
+    timeout: int = 600,
+    policy: str = "Cluster",
+    name: str = "sticky",
+    vip: str = "172.30.0.49",
+    node_port: int = 3009,
+) -> list[dict[str, Any]]:
+    """A NodePort with ClientIP affinity (Cluster: masqueraded) over ``endpoints``."""
+    return [
+        service(
+            "ns1",
+            name,
+            vip,
+            [port(node_port=node_port)],
+            type="NodePort",
+            externalTrafficPolicy=policy,
+            sessionAffinity="ClientIP",
+            sessionAffinityConfig={"clientIP": {"timeoutSeconds": timeout}},
+        ),
+        endpoint_slice("ns1", name, [ep(ip, NODE) for ip in endpoints]),
+    ]
+
+
+STICKY = "external-LDSSDLKY-ns1/sticky/tcp/p80"
+
+
+def affinity_sets(text: str) -> list[str]:
+    return sorted(set(re.findall(r"affinity-[A-Z0-9]{8}-ns1/sticky/tcp/p80__[0-9a-f.]+/80", text)))
+
+
+def test_affinity_golden_a_set_per_endpoint_looked_up_before_the_pick() -> None:
+    """Upstream's nftables affinity in this table's one chain per Service port: a client in
+    an endpoint's set goes back there, a pick adds it to the chosen endpoint's set."""
+    cluster = cluster_of(
+        [
+            *policies(),
+            *sticky("10.180.0.2", "10.180.0.3"),
+            *sticky(
+                "10.180.0.4", policy="Local", name="sticky-local", vip="172.30.0.50", node_port=3010
+            ),
+        ]
+    )
+    text = EntryNatRenderer().render(cluster.checkout(full=True), ADDRESSES, full=True)
+    assert_golden_file(GOLDEN / "entry-nat-affinity.txt", text, "rendered tables differ")
+    # The Services without affinity are rendered as they are without it beside them.
+    plain = EntryNatRenderer().render(cluster_of(policies()).checkout(full=True), ADDRESSES, True)
+    assert "affinity" not in plain
+    a, b = (
+        "affinity-NO2U7NRU-ns1/sticky/tcp/p80__10.180.0.2/80",
+        "affinity-CHOO574I-ns1/sticky/tcp/p80__10.180.0.3/80",
+    )
+    assert affinity_sets(text) == sorted([a, b])
+    for name in (a, b):
+        assert f"  set {name} {{ type ipv4_addr; flags dynamic,timeout; timeout 600s; }}\n" in text
+    assert (
+        f"  chain {STICKY} {{\n"
+        "    meta mark set meta mark | 0x00004000\n"
+        f"    ip saddr @{a} meta l4proto tcp update @{a} {{ ip saddr }} dnat to 10.180.0.2:80\n"
+        f"    ip saddr @{b} meta l4proto tcp update @{b} {{ ip saddr }} dnat to 10.180.0.3:80\n"
+        f"    meta l4proto tcp numgen random mod 2 0 update @{a} {{ ip saddr }}"
+        " dnat to 10.180.0.2:80\n"
+        f"    meta l4proto tcp update @{b} {{ ip saddr }} dnat to 10.180.0.3:80\n"
+        "  }\n"
+    ) in text
+    # Local: the client's address kept, no mark.
+    (local,) = [c for c in text.split("  chain ") if c.startswith("external-Y7SMNTFT-")]
+    assert "ns1/sticky-local/tcp/p80 {\n    ip saddr @affinity-" in local and "mark" not in local
+    assert len(max(re.findall(r"affinity-\S+", text), key=len)) <= 255
+
+
+def test_affinity_ipv6_looks_up_the_ip6_source() -> None:
+    cluster = cluster_of(
+        [
+            node_obj(),
+            service(
+                "ns1",
+                "sticky",
+                "fd00::49",
+                [port(node_port=3009)],
+                type="NodePort",
+                sessionAffinity="ClientIP",
+                ipFamilies=["IPv6"],
+            ),
+            endpoint_slice("ns1", "sticky", [ep("fd00:10::2", NODE)], family="IPv6"),
+        ],
+        (V6,),
+    )
+    text = EntryNatRenderer().render(cluster.checkout(full=True), ("fd00::2",), full=True)
+    name = "affinity-" + re.findall(r"affinity-(\S+__fd00.10..2/80)", text)[0]
+    assert f"  set {name} {{ type ipv6_addr; flags dynamic,timeout; timeout 10800s; }}" in text
+    assert f"ip6 saddr @{name} meta l4proto tcp update @{name} {{ ip6 saddr }} dnat to" in text
+
+
+def test_a_partial_render_of_an_affinity_service_sends_its_chain_and_sets() -> None:
+    cluster = cluster_of([*policies(), *sticky("10.180.0.2", "10.180.0.3")])
+    renderer = EntryNatRenderer()
+    renderer.render(cluster.checkout(full=True), ADDRESSES, full=True)
+    renderer.committed()
+    where = "ip kubeplex-ebpf"
+    a, b, c = (
+        "affinity-NO2U7NRU-ns1/sticky/tcp/p80__10.180.0.2/80",
+        "affinity-CHOO574I-ns1/sticky/tcp/p80__10.180.0.3/80",
+        "affinity-BJHGSJOY-ns1/sticky/tcp/p80__10.180.0.5/80",
+    )
+    spec = "{ type ipv4_addr; flags dynamic,timeout; timeout 600s; }"
+    # An endpoint added: its set first, then the chain rewritten; nothing else.
+    cluster.set_endpoint_slice(sticky("10.180.0.2", "10.180.0.3", "10.180.0.5")[1])
+    added = renderer.render(cluster.checkout(), ADDRESSES, full=False)
+    lines = added.splitlines()
+    assert lines[:2] == [f"add set {where} {c} {spec}", f"flush chain {where} {STICKY}"], added
+    assert all(line.startswith(f"add rule {where} {STICKY} ") for line in lines[2:]), added
+    assert len(lines) == 2 + 1 + 3 + 3 and f"@{c} {{ ip saddr }} dnat to 10.180.0.5:80" in added
+    renderer.committed()
+    # One removed: the chain rewritten without it, then its set deleted (no rule uses it).
+    cluster.set_endpoint_slice(sticky("10.180.0.3", "10.180.0.5")[1])
+    removed = renderer.render(cluster.checkout(), ADDRESSES, full=False)
+    lines = removed.splitlines()
+    assert lines[0] == f"flush chain {where} {STICKY}" and lines[-1] == f"delete set {where} {a}"
+    assert len(lines) == 1 + 1 + 2 + 2 + 1 and a not in "".join(lines[:-1]), removed
+    renderer.committed()
+    # The timeout changed: the sets made again between the chain's flush and its rules.
+    cluster.set_service(sticky("10.180.0.3", "10.180.0.5", timeout=60)[0])
+    retimed = renderer.render(cluster.checkout(), ADDRESSES, full=False).splitlines()
+    spec60 = spec.replace("600s", "60s")
+    assert retimed[:5] == [
+        f"flush chain {where} {STICKY}",
+        f"delete set {where} {b}",
+        f"add set {where} {b} {spec60}",
+        f"delete set {where} {c}",
+        f"add set {where} {c} {spec60}",
+    ]
+    assert len(retimed) == 5 + 1 + 2 + 2
+    renderer.committed()
+    # Affinity off: the chain without lookups, the sets deleted.
+    svc = sticky("10.180.0.3", "10.180.0.5")[0]
+    del svc["spec"]["sessionAffinity"], svc["spec"]["sessionAffinityConfig"]
+    cluster.set_service(svc)
+    off = renderer.render(cluster.checkout(), ADDRESSES, full=False).splitlines()
+    assert off[-2:] == [f"delete set {where} {b}", f"delete set {where} {c}"]
+    assert not any("affinity" in line for line in off[:-2])
 
 
 def test_no_table_where_no_service_port_has_an_external_entry_point() -> None:
