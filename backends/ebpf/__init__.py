@@ -16,6 +16,7 @@ rejecting unused ClusterIP ports (``describe`` lists them for ``kubeplex backend
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, cast
@@ -138,6 +139,8 @@ class EbpfBackend(Backend[MapSeam, MapDump]):
             return None
         families = ["ipv6" if f is IPFamily.IPv6 else "ipv4" for f in self.ctx.families]
         self.entries.nat_flows = self.kernel.nat_flows(families)
+        with contextlib.suppress(BackendError):  # (no nft: the apply will say so)
+            self.entries.observed(self.kernel.tables())
         self._open_pinned()
         try:
             return {name: self.kernel.dump(name) for name in OBSERVED_MAPS}

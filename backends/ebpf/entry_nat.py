@@ -22,9 +22,11 @@ Per Service port and family, as upstream's external destinations:
   here: the socket programs let the node's own connections in, so the mode does not declare
   the capability).
 
-A full sync replaces the tables in one transaction (created, deleted, written again), which
-reconciles whatever they held; a partial sync sends only the changed chains, sets and
-elements, in one transaction too. A family without any such entry point has no table.
+The first sync after a start or a failure replaces the tables in one transaction (created,
+deleted, written again), which reconciles whatever they held; later syncs, full ones too, send
+only the changed chains, sets and elements, in one transaction too, so the affinity sets keep
+their clients (a full sync writes a table whole again only if it is gone). A family without
+any such entry point has no table.
 
 ClientIP session affinity, as upstream's nftables mode: one set per endpoint
 (``affinity-HASH-ns/name/proto/port__ip/port``, ``flags dynamic,timeout`` with the Service's
@@ -338,12 +340,25 @@ class EntryNatRenderer:
         #: NAT rule is there, so a table stays, even without entry points, until a full
         #: sync finds none left.
         self.nat_flows = False
+        #: The families whose table the last committed transaction left, and those of them
+        #: a full sync's observation found gone (deleted by someone else): rewritten.
+        self.present: set[IPFamily] = set()
+        self.pending_present: set[IPFamily] = set()
+        self.gone: set[IPFamily] = set()
 
     def invalidate(self) -> None:
         self.held = None
 
     def committed(self) -> None:
         self.held = self.pending
+        self.present = self.pending_present
+        self.gone = set()
+
+    def observed(self, tables: Iterable[tuple[str, str]]) -> None:
+        """A full sync's look at the node's tables (family, name): those the renderer left
+        that are not there any more are written whole again."""
+        there = set(tables)
+        self.gone = {f for f in self.present if (FAMILIES[f], TABLE) not in there}
 
     def render(self, state: ProxyState, nodeport_addresses: Iterable[str], full: bool) -> str:
         """The transaction (empty: nothing to change)."""
@@ -362,17 +377,25 @@ class EntryNatRenderer:
         addresses = tuple(nodeport_addresses)
         out = []
         self.pending = {}
+        self.pending_present = set()
         for family in sorted(state.graphs, key=lambda f: FAMILIES[f]):
             kept = self._entries.get(family, {})
             ips = tuple(ip for ip in addresses if family_of(ip) is family)
             wanted = Tables.of((kept[name] for name in sorted(kept)), ips)
             self.pending[family] = wanted
-            held = self.held.get(family) if self.held is not None else None
+            # A full sync does not rewrite a table it knows (only one that went, and after a
+            # start or a failure): deleting it would empty the affinity sets, which live
+            # only in the kernel. It sends what differs from what it holds instead.
+            known = self.held is not None and family not in self.gone
+            held = self.held.get(family) if self.held is not None and known else None
+            there = known and family in self.present
             if wanted.empty and not self.nat_flows:
                 # Nothing to hold: no table, so no NAT hook (and no conntrack) on the node.
-                if full or held is None or not held.empty:
+                if not known or there:
                     out.append(absent(family))
-            elif full or held is None or held.nodeport_ips != ips:
+                continue
+            self.pending_present.add(family)
+            if not there or held is None or held.nodeport_ips != ips:
                 out.append(table(family, wanted))
             elif held.empty and not wanted.empty:
                 out.append(table(family, wanted))  # (none was there, or one kept empty)

@@ -98,6 +98,11 @@ def test_client_ip_affinity_from_the_external_host(dp: DataplaneCluster) -> None
     assert len(held) == 1 and f"__{ip_of(dp, pod)}/8080 {{" in held[0], listed
     spread = dp.lab.http(EXTERNAL, node1, 30082, count=20)
     assert all_ok(spread) and len(tally(spread)) > 1, tally(spread)
+    # A periodic full sync keeps the sets (the table is not written whole again).
+    dp.sync_or_raise(full=True)
+    assert dp.agent(NODE1).last_result is not None and dp.agent(NODE1).last_result.full
+    again = dp.lab.http(EXTERNAL, node1, NODEPORT, count=10)
+    assert all_ok(again) and tally(again) == {pod: 10}, tally(again)
 
 
 def test_a_nodeport_local_policy_keeps_the_client_and_drops_without_local_endpoints(

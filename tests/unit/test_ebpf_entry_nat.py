@@ -402,12 +402,19 @@ def test_the_plan_carries_the_tables_and_apply_commits_them() -> None:
     quiet = ebpf.render(cluster.checkout())
     assert not quiet.full and quiet.entry_nat == "" and "nftables" not in str(quiet)
     ebpf.apply(quiet)
-    # One that does sends its changes; a full sync the whole tables (it reconciles).
+    # One that does sends its changes.
     cluster.set_endpoint_slice(endpoint_slice("ns1", "elsewhere", [ep("10.180.0.9", NODE)]))
     ebpf.apply(ebpf.render(cluster.checkout()))
     assert tables.transactions[-1].startswith("flush chain ip kubeplex-ebpf external-")
-    ebpf.apply(ebpf.render(cluster.checkout(full=True)))
-    assert len(tables.transactions) == 3 and tables.transactions[-1].startswith(
+    # A full sync does not delete a table it knows (its affinity sets would go empty): it
+    # sends what differs, here nothing; a table someone deleted it writes whole again.
+    state = cluster.checkout(full=True)
+    ebpf.apply(ebpf.render(state, ebpf.observe(state)))
+    assert len(tables.transactions) == 2
+    tables.transact("delete table ip kubeplex-ebpf\n")
+    state = cluster.checkout(full=True)
+    ebpf.apply(ebpf.render(state, ebpf.observe(state)))
+    assert len(tables.transactions) == 4 and tables.transactions[-1].startswith(
         "add table ip kubeplex-ebpf\n"
     )
 
