@@ -17,7 +17,8 @@ Per Service port and family, as upstream's external destinations:
   source masqueraded (the masquerade mark, taken off and acted on at postrouting);
 * Local: the node's local endpoints, the client's address kept; none here: dropped;
 * no endpoint anywhere: rejected, as the socket programs refuse the connection (at the input
-  and forward hooks, through maps of their own: a nat chain may not reject);
+  and forward hooks, through maps of their own, as upstream's nftables mode rejects in its
+  filter chains: the nat hook sees only a flow's first packet, and only while conntrack runs);
 * loadBalancerSourceRanges: a source outside them is dropped at the LoadBalancer IPs (only
   here: the socket programs let the node's own connections in, so the mode does not declare
   the capability).
@@ -82,8 +83,8 @@ class Entry:
     chains: tuple[Chain, ...]
     #: Its affinity sets' names with their timeouts (seconds), used by its ``external-`` chain.
     sets: tuple[tuple[str, int], ...] = ()
-    #: No endpoint anywhere: its keys go to the filter hooks' maps, which reject (a nat
-    #: chain may not, on the kernels the mode supports).
+    #: No endpoint anywhere: its keys go to the filter hooks' maps, which reject (as
+    #: upstream's nftables mode does, not in the nat chain).
     refused: bool = False
 
 

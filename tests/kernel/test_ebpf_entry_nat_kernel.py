@@ -295,8 +295,8 @@ def test_an_external_udp_flow_leaves_a_removed_endpoint(dp: DataplaneCluster) ->
 def test_a_nodeport_without_endpoints_is_refused_to_the_external_host(
     dp: DataplaneCluster,
 ) -> None:
-    """Rejected at the input hook (a nat chain may not reject on the kernels the mode
-    supports), as the socket programs refuse the node's own connections."""
+    """Rejected at the input hook (not in the nat chain, as upstream's nftables mode), as the
+    socket programs refuse the node's own connections."""
     synced(dp, service("empty", "10.96.0.31", 80, type="NodePort", node_port=30031))
     [r] = dp.lab.http(EXTERNAL, ip_of(dp, NODE1), 30031, timeout=3.0)
     assert r.outcome == "refused" and r.ms < 500, r

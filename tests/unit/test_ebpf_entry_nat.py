@@ -136,7 +136,7 @@ def test_policies_golden() -> None:
     local = chain("ns1/local/tcp/p80")
     assert local.split("\n")[1:3] == ["    meta l4proto tcp dnat to 10.180.0.1:80", "  }"]
     assert chain("ns1/elsewhere/tcp/p80").split("\n")[1].strip() == "drop"
-    # No endpoint anywhere: rejected at the filter hooks (a nat chain may not reject).
+    # No endpoint anywhere: rejected at the filter hooks, not in the nat chain.
     assert "tcp . 3004 : goto no-endpoints" in text and "none/tcp" not in text
     assert "chain no-endpoints {\n    reject\n  }" in text
     firewall = chain("ns1/lb/tcp/p80", "firewall-")
