@@ -30,7 +30,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,7 +41,6 @@ from common import config as config_text
 from kubeplex.backends.ebpf import EbpfBackend, libbpf
 from kubeplex.backends.ebpf.layout import PIN_FOLDER
 from kubeplex.backends.ebpf.loader import Loader
-from kubeplex.backends.ebpf.options import cgroup2_root
 from kubeplex.backends.ebpf.plan import RENDERED_MAPS, EbpfPlan, MapOp
 from kubeplex.core.config.kubeproxy import parse_config
 from kubeplex.core.daemon.proxier import collector_paused
@@ -50,30 +48,17 @@ from kubeplex.core.dataplane import plugins
 from kubeplex.core.dataplane.backend import BackendContext
 from kubeplex.core.model.cluster import ClusterState
 from kubeplex.core.model.types import IPFamily
-
-
-@contextmanager
-def own_cgroup() -> Iterator[Path]:
-    """A cgroup2 folder of the bench's own, under the node's cgroup2 mount."""
-    path = Path(cgroup2_root()) / f"kpx-bench-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    try:
-        yield path
-    finally:
-        path.rmdir()
+from kubeplex.testing.labkernel import scratch_bpffs, scratch_cgroup
 
 
 @contextmanager
 def own_bpffs() -> Iterator[Path]:
     """A bpffs mount of the bench's own; whatever the mode pinned there is removed first."""
-    folder = Path(tempfile.mkdtemp(prefix="kpx-bench-bpffs-"))
-    subprocess.run(["mount", "-t", "bpf", "bpf", str(folder)], check=True)
-    try:
-        yield folder
-    finally:
-        Loader(folder).cleanup()
-        subprocess.run(["umount", str(folder)], check=False)
-        folder.rmdir()
+    with scratch_bpffs("kpx-bench-bpffs-") as folder:
+        try:
+            yield folder
+        finally:
+            Loader(folder).cleanup()
 
 
 def backend_on(bpffs: Path, cgroup: Path, ns: str) -> EbpfBackend:
@@ -196,7 +181,7 @@ def median(runs: list[dict[str, Any]], key: str) -> float:
 def bench_size(n: int, repeat: int, work: Path) -> dict[str, Any]:
     state = cluster_state(n)
     firsts: list[dict[str, Any]] = []
-    with own_cgroup() as cgroup, Netns() as ns:
+    with scratch_cgroup("kpx-bench") as cgroup, Netns() as ns:
         for i in range(repeat):
             with own_bpffs() as bpffs:
                 backend = backend_on(bpffs, cgroup, ns)

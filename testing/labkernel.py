@@ -18,33 +18,55 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 import time
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+
+from kubeplex.core.dataplane.mounts import MOUNTS, mount_points
 
 CGROUP_STEM = "kubeplex-netlab-"  # <cgroup2>/<stem><prefix>
 BPFFS_ROOT = Path("/run/kubeplex-netlab")  # <root>/<prefix> is a lab's bpffs mount
-MOUNTS = Path("/proc/self/mounts")
-
-
-def _mounts(fstype: str, mounts: Path | None = None) -> list[Path]:
-    """Mount points of ``fstype``, in the order the kernel lists them (in ``MOUNTS``)."""
-    try:
-        lines = (mounts or MOUNTS).read_text().splitlines()
-    except OSError:
-        return []
-    found = []
-    for line in lines:
-        fields = line.split()
-        if len(fields) > 2 and fields[2] == fstype:
-            found.append(Path(fields[1].replace("\\040", " ")))
-    return found
 
 
 def cgroup2_mount(mounts: Path | None = None) -> Path | None:
     """The machine's cgroup2 mount (the first listed), or None where there is none."""
-    found = _mounts("cgroup2", mounts)
+    found = mount_points("cgroup2", mounts or MOUNTS)
     return found[0] if found else None
+
+
+@contextlib.contextmanager
+def scratch_cgroup(stem: str = "kpx-test") -> Iterator[Path]:
+    """A cgroup2 folder of the caller's own (never the root: programs attached there see only
+    what runs in it), under the machine's cgroup2 mount, or under one mounted for the while
+    where there is none (a test VM). Removed afterwards, as is that mount."""
+    root, mounted = cgroup2_mount(), None
+    if root is None:
+        root = mounted = Path(tempfile.mkdtemp(prefix="kpx-cgroup2-"))
+        subprocess.run(["mount", "-t", "cgroup2", "none", str(mounted)], check=True)
+    path = root / f"{stem}-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        path.rmdir()
+        if mounted is not None:
+            subprocess.run(["umount", str(mounted)], check=False)
+            mounted.rmdir()
+
+
+@contextlib.contextmanager
+def scratch_bpffs(prefix: str = "kpx-bpffs-") -> Iterator[Path]:
+    """A bpffs mount of the caller's own, in a new temporary folder; unmounted afterwards
+    (what is pinned there goes with it unless a process still holds it)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    subprocess.run(["mount", "-t", "bpf", "bpf", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+        folder.rmdir()
 
 
 def lab_cgroup(prefix: str) -> Path | None:
@@ -58,7 +80,7 @@ def lab_bpffs(prefix: str) -> Path:
 
 
 def is_bpffs_mount(path: Path) -> bool:
-    return path in _mounts("bpf")
+    return path in mount_points("bpf")
 
 
 def make_cgroups(prefix: str, nodes: Iterable[str]) -> Path:

@@ -9,24 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from kubeplex.backends.ebpf.layout import DEFAULT_BPFFS
+from kubeplex.core.dataplane.mounts import MOUNTS, mount_points
 from kubeplex.core.model.errors import FieldError, InvalidObject
 
 #: Where the options are written, as errors name them.
 WHERE = "[backends.ebpf.options]"
 
 
-def cgroup2_root(mounts: Path = Path("/proc/self/mounts")) -> str:
+def cgroup2_root(mounts: Path = MOUNTS) -> str:
     """The node's cgroup2 mount (the first one listed), where the programs see every process;
     /sys/fs/cgroup when none is mounted (the requirements then say so)."""
-    try:
-        lines = mounts.read_text().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        fields = line.split()
-        if len(fields) > 2 and fields[2] == "cgroup2":
-            return fields[1].replace("\\040", " ")
-    return "/sys/fs/cgroup"
+    found = mount_points("cgroup2", mounts)
+    return str(found[0]) if found else "/sys/fs/cgroup"
 
 
 @dataclass(frozen=True)

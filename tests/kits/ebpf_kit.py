@@ -8,9 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,16 +18,17 @@ import pytest
 
 from kubeplex.backends.ebpf.loader import Loader
 from kubeplex.core.dataplane import plugins
+from kubeplex.testing.labkernel import scratch_bpffs, scratch_cgroup
 
-CGROUP2 = Path("/sys/fs/cgroup/unified")
+# A bpffs mount and a cgroup2 folder of the test's own (a cgroup2 mounted where none is).
+own_bpffs = scratch_bpffs
+own_cgroup = scratch_cgroup
 
 
 def missing() -> str | None:
     """Why the mode's programs cannot be loaded here, or None."""
     if shutil.which("bpftool") is None:
         return "bpftool is not installed (scripts/setup.sh with KUBEPLEX_BPF_TOOLS=1)"
-    if not (CGROUP2 / "cgroup.procs").exists():
-        return f"no cgroup2 mounted at {CGROUP2}"
     return Loader().missing()
 
 
@@ -39,27 +38,6 @@ def write_trust_list(path: Path, options: dict[str, str]) -> Path:
     lines = ["[backends.ebpf.options]", *(f'{k} = "{v}"' for k, v in options.items())]
     path.write_text(packaged + "\n" + "\n".join(lines) + "\n")
     return path
-
-
-@contextmanager
-def own_bpffs() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="kpx-bpffs-"))
-    subprocess.run(["mount", "-t", "bpf", "bpf", str(folder)], check=True)
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", str(folder)], check=False)
-        folder.rmdir()
-
-
-@contextmanager
-def own_cgroup() -> Iterator[Path]:
-    path = CGROUP2 / f"kpx-test-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    try:
-        yield path
-    finally:
-        path.rmdir()
 
 
 @contextmanager

@@ -1,17 +1,15 @@
 """The ebpf mode on the guest's kernel (Debian's, older than the host's): its programs pass
-that kernel's verifier, attach to a cgroup of the test's own (the guest mounts no cgroup2:
-the test mounts one), and translate a connection to web's ClusterIP for a process in that
+that kernel's verifier, attach to a cgroup of the test's own (in a cgroup2 the kit mounts:
+the guest has none), and translate a connection to web's ClusterIP for a process in that
 cgroup; cleanup leaves nothing."""
 
 from __future__ import annotations
 
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kits.ebpf_kit import client, missing, own_bpffs, serving
+from kits.ebpf_kit import client, missing, own_bpffs, own_cgroup, serving
 from kits.render_kit import config, seed_lab_cluster
 
 from kubeplex.backends.ebpf import EbpfBackend
@@ -26,24 +24,15 @@ PODS = ["10.244.1.2", "10.244.2.2", "10.244.2.3"]
 
 @pytest.fixture
 def cgroup() -> Iterator[Path]:
-    """A cgroup2 mount of the test's own, and a folder in it."""
-    mount = Path(tempfile.mkdtemp(prefix="kpx-cgroup2-"))
-    subprocess.run(["mount", "-t", "cgroup2", "none", str(mount)], check=True)
-    folder = mount / "kpx-test"
-    folder.mkdir()
-    try:
+    with own_cgroup() as folder:
         yield folder
-    finally:
-        folder.rmdir()
-        subprocess.run(["umount", str(mount)], check=False)
-        mount.rmdir()
 
 
 def test_the_programs_load_attach_and_translate_on_the_guest_kernel(
     cgroup: Path, netns: str
 ) -> None:
     reason = missing()
-    if reason and "cgroup2" not in reason:  # (the kit looks for the host's mount)
+    if reason:
         pytest.skip(reason)
     with own_bpffs() as bpffs:
         options = {"bpffs": str(bpffs), "cgroup": str(cgroup)}
